@@ -1,0 +1,3 @@
+from sandgym.cli import main
+
+main()

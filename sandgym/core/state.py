@@ -1,0 +1,72 @@
+"""Rollout state: the trajectory of one episode, with the tokens the server returned.
+
+This is the contract between environments (which fill it) and the trainer (which reads
+`turns[*].tokens` and `advantage`). Add fields freely; do not rename or remove these.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+Message = dict[str, Any]  # OpenAI chat message: {"role", "content", "tool_calls"?, ...}
+
+
+class TurnTokens(BaseModel):
+    """Token ids exactly as the inference server returned them (never re-tokenized)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_logprobs: list[float] = Field(default_factory=list)
+
+
+class Turn(BaseModel):
+    """One model call: what was sent, what came back, and what the environment answered."""
+
+    prompt: list[Message]
+    completion: Message
+    env_response: list[Message] = Field(default_factory=list)
+    tokens: TurnTokens | None = None
+    finish_reason: str | None = None
+    usage: dict[str, int] = Field(default_factory=dict)
+    model_s: float = 0.0
+    tools_s: float = 0.0
+
+
+class Timing(BaseModel):
+    setup_s: float = 0.0  # sandbox acquire + environment setup
+    model_s: float = 0.0
+    tools_s: float = 0.0
+    scoring_s: float = 0.0
+    total_s: float = 0.0
+
+
+class State(BaseModel):
+    """One rollout. Errors mark the rollout (`error`), never the run."""
+
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    env: str = ""
+    example_id: int = 0
+    rollout_index: int = 0
+    prompt: list[Message] = Field(default_factory=list)
+    answer: Any = None
+    info: dict[str, Any] = Field(default_factory=dict)
+    turns: list[Turn] = Field(default_factory=list)
+    completion: list[Message] = Field(default_factory=list)
+    reward: float = 0.0
+    metrics: dict[str, float] = Field(default_factory=dict)
+    advantage: float | None = None
+    stop_reason: str | None = None
+    error: str | None = None
+    timing: Timing = Field(default_factory=Timing)
+    usage: dict[str, int] = Field(default_factory=dict)
+    started_at: float = Field(default_factory=time.time)
+    # Free-form per-rollout scratch space for environments (not serialized to records).
+    scratch: dict[str, Any] = Field(default_factory=dict, exclude=True)
+
+    @property
+    def has_tokens(self) -> bool:
+        return bool(self.turns) and all(t.tokens is not None for t in self.turns)

@@ -1,0 +1,143 @@
+"""The one sandbox interface and the one provider protocol every backend implements.
+
+Where a sandbox runs (Docker engine, Prime, a local process) is the provider's business;
+how commands reach it (docker exec, an in-sandbox agent over a unix socket, Prime's
+gateway) is the sandbox's. Callers only see `Sandbox` and `ExecResult`.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from .result import ExecResult, SandboxInfo
+from .spec import SandboxSpec
+
+Command = str | Sequence[str]
+
+
+def shell_argv(cmd: Command) -> list[str]:
+    """A string runs under bash -c (like a terminal); a list runs as-is."""
+    if isinstance(cmd, str):
+        return ["/bin/bash", "-c", cmd]
+    argv = list(cmd)
+    if not argv:
+        raise ValueError("empty command")
+    return argv
+
+
+def as_bytes(data: bytes | str) -> bytes:
+    return data.encode() if isinstance(data, str) else data
+
+
+class Sandbox(ABC):
+    """An isolated place to run commands. Always `close()` it (the manager does)."""
+
+    id: str
+    spec: SandboxSpec
+    provider: str
+
+    @abstractmethod
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+    ) -> ExecResult:
+        """Run a command; past `timeout` (default spec.exec_timeout_s) it is killed with its
+        children and reported with `timed_out=True`. Never raises for a failing command."""
+
+    @abstractmethod
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        """Create or replace a file (parents created); relative paths are under the workdir."""
+
+    @abstractmethod
+    async def read_file(self, path: str) -> bytes:
+        """Read a whole file; raises SandboxFileNotFound when missing."""
+
+    @abstractmethod
+    async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
+        """Extract a tar archive into `dest_dir` (created when missing)."""
+
+    @abstractmethod
+    async def get_archive(self, path: str) -> bytes:
+        """A tar archive of `path` (a file or a directory), its basename at the top."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Destroy the sandbox. Idempotent."""
+
+    async def alive(self) -> bool:
+        try:
+            return (await self.exec(["true"], timeout=10)).exit_code == 0
+        except Exception:
+            return False
+
+    def resolve(self, path: str) -> str:
+        return path if path.startswith("/") else f"{self.spec.workdir}/{path}"
+
+    async def upload(self, local: str | os.PathLike[str], remote_dir: str | None = None) -> None:
+        """Copy a local file or directory (its contents) into `remote_dir` (default workdir)."""
+        src = Path(local)
+        if not src.exists():
+            raise FileNotFoundError(src)
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            if src.is_dir():
+                for child in sorted(src.iterdir()):
+                    tar.add(child, arcname=child.name)
+            else:
+                tar.add(src, arcname=src.name)
+        await self.put_archive(self.resolve(remote_dir or self.spec.workdir), buf.getvalue())
+
+    async def download(self, remote: str, local: str | os.PathLike[str]) -> Path:
+        """Copy a remote file or directory to `local` (a directory, created); returns the
+        local path of what was copied. Archive members escaping `local` are refused."""
+        dest = Path(local)
+        dest.mkdir(parents=True, exist_ok=True)
+        data = await self.get_archive(self.resolve(remote))
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            tar.extractall(dest, filter="data")
+        return dest / Path(remote.rstrip("/")).name
+
+    async def __aenter__(self) -> "Sandbox":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """Creates, lists and removes sandboxes of one kind."""
+
+    name: str
+
+    def check(self, spec: SandboxSpec) -> None:
+        """Raise SpecError (naming the field) when this provider cannot honour `spec`;
+        e.g. an image that does not exist, or GPUs where there are none. Cheap; no side effects."""
+        ...
+
+    async def create(self, spec: SandboxSpec, labels: Mapping[str, str]) -> Sandbox:
+        """Create and start a sandbox carrying `labels` (owner, pid, ...), ready for exec."""
+        ...
+
+    async def list(self, labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
+        """Sandboxes made by sandgym on this provider (optionally filtered by labels)."""
+        ...
+
+    async def remove(self, sandbox_id: str) -> None:
+        """Remove a sandbox by id, whoever made it. Idempotent."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release client resources (connections); does not remove sandboxes."""
+        ...
