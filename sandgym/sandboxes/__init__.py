@@ -1,0 +1,23 @@
+"""Sandboxes: one manager over Docker, local and Prime providers."""
+
+from .base import Provider, Sandbox
+from .errors import (
+    HookError,
+    SandboxCreateError,
+    SandboxError,
+    SandboxFileNotFound,
+    SandboxGoneError,
+    SpecError,
+)
+from .hooks import Hooks
+from .manager import ManagedSandbox, SandboxManager
+from .ownership import prune
+from .registry import PROVIDERS, get_provider
+from .result import ExecResult, SandboxInfo
+from .spec import DEFAULT_IMAGE, SandboxSpec
+
+__all__ = [
+    "DEFAULT_IMAGE", "PROVIDERS", "ExecResult", "HookError", "Hooks", "ManagedSandbox", "Provider",
+    "Sandbox", "SandboxCreateError", "SandboxError", "SandboxFileNotFound", "SandboxGoneError",
+    "SandboxInfo", "SandboxManager", "SandboxSpec", "SpecError", "get_provider", "prune",
+]

@@ -1,0 +1,395 @@
+"""SandboxManager: a hard cap on live sandboxes, warm pools, hooks, retries, TTL reaping.
+
+    async with SandboxManager("docker", max_sandboxes=8) as mgr:
+        async with mgr.sandbox(SandboxSpec()) as sb:
+            print((await sb.exec("echo hi")).stdout)
+
+Invariants:
+- At most `max_sandboxes` sandboxes exist at once (leased + warm + being created or
+  destroyed). A slot is taken before `create` and given back only after `close` finished.
+- Creation and destruction are shielded from cancellation, so a cancelled caller can never
+  orphan a half-made sandbox; a sandbox made for a caller that was cancelled meanwhile is
+  destroyed at once.
+- Leaving `async with mgr` (or `await mgr.close()`) destroys every sandbox it made. Sandboxes
+  of a manager whose process died carry its labels; `prune()` removes them later.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+from anyio.abc import TaskGroup
+
+from .base import Command, Provider, Sandbox
+from .errors import HookError, SandboxCreateError, SpecError
+from .hooks import Hook, Hooks
+from .ownership import PruneReport, new_run_id, owner_labels, prune
+from .registry import get_provider
+from .result import ExecResult
+from .spec import SandboxSpec
+
+log = logging.getLogger(__name__)
+
+
+class ManagedSandbox(Sandbox):
+    """A provider's sandbox as handed out by the manager: exec runs the exec hooks and
+    `close()` gives the sandbox back to the manager instead of destroying it directly."""
+
+    def __init__(self, inner: Sandbox, manager: SandboxManager) -> None:
+        self.inner = inner
+        self.id = inner.id
+        self.spec = inner.spec
+        self.provider = inner.provider
+        self.created_at = time.monotonic()
+        self.failed = False  # a hook failed or the caller marked it bad: never reuse
+        self.leased = False
+        self._manager = manager
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+    ) -> ExecResult:
+        hooks = self._manager.hooks
+        if hooks.has("before_exec"):
+            await self._guard(hooks.run("before_exec", self, cmd))
+        result = await self.inner.exec(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin)
+        if hooks.has("after_exec"):
+            await self._guard(hooks.run("after_exec", self, cmd, result))
+        return result
+
+    async def _guard(self, call: Any) -> None:
+        try:
+            await call
+        except HookError:
+            self.failed = True
+            raise
+
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        await self.inner.write_file(path, data, mode)
+
+    async def read_file(self, path: str) -> bytes:
+        return await self.inner.read_file(path)
+
+    async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
+        await self.inner.put_archive(dest_dir, tar_bytes)
+
+    async def get_archive(self, path: str) -> bytes:
+        return await self.inner.get_archive(path)
+
+    async def alive(self) -> bool:
+        return await self.inner.alive()
+
+    async def close(self) -> None:
+        await self._manager.release(self)
+
+    def __repr__(self) -> str:
+        return f"<ManagedSandbox {self.provider}:{self.id[:12]} {self.spec.image}>"
+
+
+class SandboxManager:
+    """Provisions sandboxes from one provider under a hard concurrency cap."""
+
+    def __init__(
+        self,
+        provider: Provider | str = "docker",
+        *,
+        max_sandboxes: int = 8,
+        hooks: Hooks | Mapping[str, Hook | list[Hook]] | None = None,
+        create_retries: int = 2,
+        retry_backoff_s: float = 0.5,
+        reap_interval_s: float = 5.0,
+        run_id: str | None = None,
+        provider_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if max_sandboxes < 1:
+            raise ValueError(f"max_sandboxes must be >= 1, got {max_sandboxes}")
+        self.provider: Provider = (
+            get_provider(provider, **dict(provider_options or {})) if isinstance(provider, str) else provider
+        )
+        self.max_sandboxes = max_sandboxes
+        self.hooks = hooks if isinstance(hooks, Hooks) else Hooks(hooks)
+        self.create_retries = create_retries
+        self.retry_backoff_s = retry_backoff_s
+        self.reap_interval_s = reap_interval_s
+        self.run_id = run_id or new_run_id()
+        self.labels = owner_labels(self.run_id)
+        self._slots = anyio.Semaphore(max_sandboxes)
+        self._live: dict[str, ManagedSandbox] = {}
+        self._idle: dict[str, deque[ManagedSandbox]] = defaultdict(deque)  # spec key -> warm
+        self._pool_target: dict[str, tuple[SandboxSpec, int]] = {}
+        self._tg: TaskGroup | None = None
+        self._closed = False
+        self.stats = {"created": 0, "destroyed": 0, "create_failures": 0, "pool_hits": 0}
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def __aenter__(self) -> SandboxManager:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._reaper)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.close()
+        finally:
+            if self._tg is not None:
+                self._tg.cancel_scope.cancel()
+                await self._tg.__aexit__(None, None, None)
+                self._tg = None
+
+    async def close(self) -> None:
+        """Destroy every sandbox this manager made. Safe to call twice."""
+        self._closed = True
+        self._pool_target.clear()
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for sb in list(self._live.values()):
+                    tg.start_soon(self._destroy, sb)
+            await self.provider.aclose()
+
+    @property
+    def live(self) -> int:
+        """Sandboxes that exist right now (leased + warm)."""
+        return len(self._live)
+
+    @property
+    def idle(self) -> int:
+        return sum(len(q) for q in self._idle.values())
+
+    # ---- acquire / release -----------------------------------------------------------
+
+    @asynccontextmanager
+    async def sandbox(self, spec: SandboxSpec | None = None) -> AsyncIterator[ManagedSandbox]:
+        """A sandbox for the block; always released (destroyed), on error and cancellation."""
+        sb = await self.acquire(spec)
+        try:
+            yield sb
+        finally:
+            await self.release(sb)
+
+    async def acquire(self, spec: SandboxSpec | None = None) -> ManagedSandbox:
+        """Hand out a ready sandbox: a warm one for this spec if any, else a new one (waiting
+        for a free slot when the cap is reached)."""
+        if self._closed:
+            raise RuntimeError("SandboxManager is closed")
+        spec = spec or SandboxSpec()
+        self.provider.check(spec)  # bad specs fail here, before any container is made
+        key = spec.key()
+        while self._idle[key]:
+            sb = self._idle[key].popleft()
+            self.stats["pool_hits"] += 1
+            self._refill_soon(key)
+            if await self._hand_out(sb):
+                return sb
+        await self._take_slot()
+        try:
+            sb = await self._create(spec)
+        except BaseException:
+            self._slots.release()
+            raise
+        # From here the slot belongs to `sb` and is freed by _destroy.
+        try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._destroy(sb)
+            raise
+        self._refill_soon(key)
+        if not await self._hand_out(sb):
+            raise HookError(f"on_ready hook failed for sandbox {sb.id}")
+        return sb
+
+    async def release(self, sb: ManagedSandbox, *, reuse: bool = False) -> None:
+        """Give a sandbox back. It is destroyed unless `reuse` is set, it is healthy, and a
+        warm pool for its spec wants it (the caller promises its state may be shared)."""
+        if sb.id not in self._live or not sb.leased:
+            return  # already released
+        sb.leased = False
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.hooks.run("on_release", sb)
+            except HookError as exc:
+                log.warning("%s", exc)
+                sb.failed = True
+            target = self._pool_target.get(sb.spec.key())
+            want = target is not None and len(self._idle[sb.spec.key()]) < target[1]
+            if reuse and want and not sb.failed and not self._expired(sb) and not self._closed:
+                self._idle[sb.spec.key()].append(sb)
+                return
+            await self._destroy(sb)
+
+    async def _hand_out(self, sb: ManagedSandbox) -> bool:
+        try:
+            await self.hooks.run("on_ready", sb)
+        except BaseException as exc:
+            sb.failed = True
+            with anyio.CancelScope(shield=True):
+                await self._destroy(sb)
+            if not isinstance(exc, HookError):
+                raise  # cancellation: the sandbox is gone, the caller's cancel goes on
+            log.warning("%s; destroyed %s", exc, sb.id)
+            return False
+        sb.leased = True
+        return True
+
+    async def _take_slot(self) -> None:
+        """Wait for a slot; if every slot is held and some are idle warm sandboxes of other
+        specs, evict one rather than wait forever."""
+        while True:
+            try:
+                self._slots.acquire_nowait()
+                return
+            except anyio.WouldBlock:
+                pass
+            victim = next((q[0] for q in self._idle.values() if q), None)
+            if victim is None:
+                await self._slots.acquire()
+                return
+            self._idle[victim.spec.key()].popleft()
+            with anyio.CancelScope(shield=True):
+                await self._destroy(victim)
+
+    async def _create(self, spec: SandboxSpec) -> ManagedSandbox:
+        """Create with retries and backoff. Holds a slot (taken by the caller)."""
+        last: BaseException | None = None
+        for attempt in range(self.create_retries + 1):
+            if attempt:
+                await anyio.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
+            # Shielded: a caller cancelled mid-create must not orphan the container.
+            with anyio.CancelScope(shield=True):
+                try:
+                    inner = await self.provider.create(spec, self.labels)
+                except SpecError:
+                    raise
+                except Exception as exc:
+                    self.stats["create_failures"] += 1
+                    log.warning("create attempt %d/%d failed: %r", attempt + 1, self.create_retries + 1, exc)
+                    last = exc
+                    continue
+                sb = ManagedSandbox(inner, self)
+                self._live[sb.id] = sb
+                self.stats["created"] += 1
+                try:
+                    await self.hooks.run("on_create", sb)
+                except HookError:
+                    sb.failed = True
+                    await self._destroy(sb, slot_already_counted=True)
+                    raise
+            return sb
+        raise SandboxCreateError(f"could not create a sandbox after {self.create_retries + 1} attempts: {last!r}") from last
+
+    async def _destroy(self, sb: ManagedSandbox, *, slot_already_counted: bool = False) -> None:
+        """Destroy and free its slot. Never raises; shielded by callers."""
+        if self._live.pop(sb.id, None) is None:
+            return
+        for q in self._idle.values():
+            if sb in q:
+                q.remove(sb)
+        try:
+            await self.hooks.run_quietly("on_destroy", sb)
+            await sb.inner.close()
+        except Exception as exc:
+            log.warning("destroying sandbox %s failed: %r; trying provider.remove", sb.id, exc)
+            try:
+                await self.provider.remove(sb.id)
+            except Exception as exc2:
+                log.error("sandbox %s may be leaked (prune will remove it): %r", sb.id, exc2)
+        finally:
+            self.stats["destroyed"] += 1
+            # A hook failure inside _create destroys before the caller releases the slot.
+            if not slot_already_counted:
+                self._slots.release()
+
+    # ---- warm pools ------------------------------------------------------------------
+
+    async def warm(self, spec: SandboxSpec | None = None, n: int = 1) -> None:
+        """Keep `n` ready sandboxes of `spec` (capped at max_sandboxes); waits until made.
+        Handed-out warm sandboxes are replaced in the background while inside `async with`."""
+        spec = spec or SandboxSpec()
+        self.provider.check(spec)
+        n = max(0, min(n, self.max_sandboxes))
+        self._pool_target[spec.key()] = (spec, n)
+        await self._fill(spec.key())
+
+    async def _fill(self, key: str) -> None:
+        target = self._pool_target.get(key)
+        if target is None:
+            return
+        spec, n = target
+        missing = n - len(self._idle[key])
+        if missing <= 0:
+            return
+
+        async def one() -> None:
+            # Only use a free slot; warming must never starve callers or evict.
+            try:
+                self._slots.acquire_nowait()
+            except anyio.WouldBlock:
+                return
+            try:
+                sb = await self._create(spec)
+            except BaseException as exc:
+                self._slots.release()
+                if not isinstance(exc, Exception):
+                    raise
+                log.warning("warm pool create failed: %r", exc)
+                return
+            if self._closed:
+                await self._destroy(sb)
+            else:
+                self._idle[key].append(sb)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(missing):
+                tg.start_soon(one)
+
+    def _refill_soon(self, key: str) -> None:
+        if self._tg is not None and key in self._pool_target and not self._closed:
+            self._tg.start_soon(self._fill, key)
+
+    # ---- reaping ---------------------------------------------------------------------
+
+    def _expired(self, sb: ManagedSandbox) -> bool:
+        ttl = sb.spec.ttl_s
+        return ttl is not None and time.monotonic() - sb.created_at > ttl
+
+    async def reap(self) -> int:
+        """Destroy sandboxes past their TTL (leased ones too: their lease has expired)."""
+        expired = [sb for sb in list(self._live.values()) if self._expired(sb)]
+        with anyio.CancelScope(shield=True):
+            for sb in expired:
+                log.warning("sandbox %s exceeded ttl_s=%s; destroying", sb.id, sb.spec.ttl_s)
+                sb.leased = False
+                await self._destroy(sb)
+        return len(expired)
+
+    async def _reaper(self) -> None:
+        while True:
+            await anyio.sleep(self.reap_interval_s)
+            try:
+                await self.reap()
+            except Exception as exc:  # the reaper must outlive a bad tick
+                log.warning("reaper tick failed: %r", exc)
+
+    async def prune(self, *, everything: bool = False) -> PruneReport:
+        """Remove this provider's sandboxes whose owner process is dead."""
+        return await prune(self.provider, everything=everything)
+
+
+def suggested_pool_size(concurrency: int, max_sandboxes: int) -> int:
+    """Warm-pool size for an eval: enough to keep `concurrency` rollouts fed."""
+    return max(1, min(max_sandboxes, math.ceil(concurrency)))
