@@ -1,0 +1,51 @@
+"""`sandgym images`: build the sandbox images offline (no registry)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True)
+
+
+def register(app: typer.Typer) -> None:
+    images = typer.Typer(help="Build and list the sandbox images (no registry needed).", no_args_is_help=True)
+    app.add_typer(images, name="images")
+
+    @images.command("build")
+    def build_cmd(
+        names: Annotated[Optional[list[str]], typer.Argument(help="Images to build (default: all).")] = None,
+        base: Annotated[Optional[str], typer.Option(help="Start from this public image instead of debootstrap.")] = None,
+        force: Annotated[bool, typer.Option(help="Rebuild even when present.")] = False,
+    ) -> None:
+        """Build the images that are missing (base via debootstrap + docker import, then Dockerfiles)."""
+        from sandgym.sandboxes import images as img
+
+        with console.status("checking images...") as status:
+            def step(recipe: img.ImageRecipe) -> None:
+                status.update(f"building [bold]{recipe.tag}[/]: {recipe.description}")
+                console.print(f"[cyan]building[/] {recipe.tag}")
+
+            def log(line: str) -> None:
+                status.update(f"[dim]{line[:110]}[/]")
+
+            try:
+                built = img.build(names, base=base, force=force, log=log, step=step)
+            except Exception as exc:
+                console.print(f"[red]image build failed:[/] {exc}")
+                raise typer.Exit(1)
+        console.print(f"[green]built:[/] {', '.join(built)}" if built else "[green]all images present[/]")
+
+    @images.command("ls")
+    def ls_cmd() -> None:
+        """List the sandgym images and whether they are present."""
+        import docker
+
+        from sandgym.sandboxes import images as img
+
+        client = docker.from_env()
+        for r in img.RECIPES:
+            mark = "[green]present[/]" if img.image_exists(client, r.tag) else "[red]missing[/]"
+            console.print(f"{r.tag:28} {mark}  {r.description}")

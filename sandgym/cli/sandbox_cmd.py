@@ -1,0 +1,152 @@
+"""`sandgym sandbox`: run one command in a fresh sandbox, list, remove and prune."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+err = Console(stderr=True)
+
+ProviderOpt = Annotated[str, typer.Option("--provider", "-p", help="docker, local or prime.")]
+
+
+def _spec(**fields: object) -> "SandboxSpec":  # noqa: F821
+    from pydantic import ValidationError
+
+    from sandgym.sandboxes import SandboxSpec
+
+    try:
+        return SandboxSpec(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        for e in exc.errors():
+            err.print(f"[red]invalid {'.'.join(map(str, e['loc']))}:[/] {e['msg']}")
+        raise typer.Exit(2)
+
+
+def register(app: typer.Typer) -> None:
+    sandbox = typer.Typer(help="Run commands in sandboxes; list, remove and prune them.", no_args_is_help=True)
+    app.add_typer(sandbox, name="sandbox")
+
+    @sandbox.command("run", context_settings={"allow_interspersed_args": False})
+    def run_cmd(
+        cmd: Annotated[list[str], typer.Argument(help="Command and arguments (after --).")],
+        provider: ProviderOpt = "docker",
+        image: Annotated[Optional[str], typer.Option(help="Image (docker/prime).")] = None,
+        cpu: Annotated[Optional[float], typer.Option(help="CPU cores.")] = None,
+        memory_mb: Annotated[Optional[int], typer.Option("--memory-mb", help="Memory limit, MiB.")] = None,
+        disk_mb: Annotated[Optional[int], typer.Option("--disk-mb", help="Writable space, MiB.")] = None,
+        pids: Annotated[Optional[int], typer.Option(help="Process limit.")] = None,
+        timeout: Annotated[float, typer.Option(help="Command timeout, seconds.")] = 60.0,
+        network: Annotated[bool, typer.Option(help="Allow network (off by default).")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    ) -> None:
+        """Create a sandbox, run one command, print the result, destroy the sandbox."""
+        import anyio
+
+        from sandgym.sandboxes import SandboxError, SandboxManager, SpecError
+
+        spec = _spec(image=image, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb, pids=pids,
+                     network=network, exec_timeout_s=timeout)
+
+        async def go() -> object:
+            async with SandboxManager(provider, max_sandboxes=1) as mgr:
+                async with mgr.sandbox(spec) as sb:
+                    argv = cmd[0] if len(cmd) == 1 else cmd
+                    return await sb.exec(argv, timeout=timeout)
+
+        try:
+            result = anyio.run(go)
+        except (SpecError, SandboxError, ValueError) as exc:
+            err.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2)
+        if as_json:
+            print(result.model_dump_json())  # type: ignore[attr-defined]
+        else:
+            sys.stdout.buffer.write(result.stdout_bytes)  # type: ignore[attr-defined]
+            sys.stderr.buffer.write(result.stderr_bytes)  # type: ignore[attr-defined]
+            flags = [k for k in ("timed_out", "oom_killed", "truncated") if getattr(result, k)]
+            err.print(f"[dim]exit {result.exit_code} in {result.duration_s:.3f}s {' '.join(flags)}[/]")  # type: ignore[attr-defined]
+        raise typer.Exit(0 if result.exit_code == 0 else 1)  # type: ignore[attr-defined]
+
+    @sandbox.command("ls")
+    def ls_cmd(
+        provider: ProviderOpt = "docker",
+        as_json: Annotated[bool, typer.Option("--json", help="Print as a JSON list.")] = False,
+    ) -> None:
+        """List sandboxes made by sandgym (any run) on a provider."""
+        import anyio
+
+        from sandgym.sandboxes import get_provider
+        from sandgym.sandboxes.ownership import owner_alive
+
+        async def go() -> list:
+            p = get_provider(provider)
+            try:
+                return await p.list()
+            finally:
+                await p.aclose()
+
+        infos = anyio.run(go)
+        if as_json:
+            print(json.dumps([i.model_dump() | {"owner_alive": owner_alive(i.labels)} for i in infos]))
+            return
+        table = Table(title=f"{provider} sandboxes")
+        for col in ("id", "image", "status", "owner", "pid", "owner alive"):
+            table.add_column(col)
+        for i in infos:
+            table.add_row(i.id[:12], i.image, i.status, i.owner or "", str(i.pid or ""),
+                          "yes" if owner_alive(i.labels) else "[red]no[/]")
+        Console().print(table)
+
+    @sandbox.command("rm")
+    def rm_cmd(ids: Annotated[list[str], typer.Argument(help="Sandbox ids.")], provider: ProviderOpt = "docker") -> None:
+        """Remove sandboxes by id (whoever made them)."""
+        import anyio
+
+        from sandgym.sandboxes import get_provider
+
+        async def go() -> None:
+            p = get_provider(provider)
+            try:
+                known = {i.id: i for i in await p.list()}
+                for sid in ids:
+                    full = next((k for k in known if k.startswith(sid)), sid)
+                    await p.remove(full)
+                    err.print(f"removed {full[:12]}")
+            finally:
+                await p.aclose()
+
+        anyio.run(go)
+
+    @sandbox.command("prune")
+    def prune_cmd(
+        provider: ProviderOpt = "docker",
+        everything: Annotated[bool, typer.Option("--all", help="Remove every sandgym sandbox, live owners too.")] = False,
+        as_json: Annotated[bool, typer.Option("--json")] = False,
+    ) -> None:
+        """Remove sandboxes whose owning process is dead (crash leftovers)."""
+        import anyio
+
+        from sandgym.sandboxes import get_provider, prune
+
+        async def go():  # type: ignore[no-untyped-def]
+            p = get_provider(provider)
+            try:
+                return await prune(p, everything=everything)
+            finally:
+                await p.aclose()
+
+        report = anyio.run(go)
+        if as_json:
+            print(json.dumps({"removed": report.removed, "kept": report.kept, "failed": report.failed}))
+        else:
+            err.print(f"removed {len(report.removed)}, kept {len(report.kept)} (owner alive), failed {len(report.failed)}")
+            for sid, why in report.failed.items():
+                err.print(f"[red]failed[/] {sid[:12]}: {why}")
+        if report.failed:
+            raise typer.Exit(1)
