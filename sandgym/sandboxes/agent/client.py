@@ -1,0 +1,350 @@
+"""Host-side async client for the in-sandbox exec agent (server.py, same folder).
+
+Starting the agent in a Docker container (what a provider does):
+
+- Host directory for the socket: a fresh per-sandbox directory, e.g. a tempdir, with mode
+  0777 (or chowned to the container user) because the agent runs as uid 1000 and must
+  create the socket in it. Bind-mount it read-write at `/run/sandgym`.
+- The agent's code: bind-mount `AGENT_DIR` (this package's folder) read-only at
+  `/opt/sandgym-agent`. Works with a read-only root, network none, cap_drop ALL and any user.
+- Command (the container's main process, so the container dies with it):
+  `agent_command(ttl_s)` = `python3 -I /opt/sandgym-agent/server.py --socket
+  /run/sandgym/agent.sock --ttl <ttl_s>`. With `init=True` docker-init reaps zombies;
+  without it the agent, as PID 1, reaps them itself.
+- Readiness: `await AgentClient(host_dir / "agent.sock").wait_ready(timeout)`; the socket
+  appears only once the agent accepts (it is bound under a temporary name and renamed).
+- Use: `await client.exec(["python3", "-c", "print(1)"], timeout=10)` -> `ExecResult`;
+  `batch_exec([BatchJob(argv=..., timeout=...), ...])` runs many in one round trip;
+  `read_file`, `write_file`, `put_archive`, `get_archive`; finally `await client.aclose()`.
+
+Errors: a connection that cannot be made or breaks mid-request raises `SandboxGoneError`;
+no answer within the request's own timeout plus `grace_s` raises `AgentUnresponsiveError`
+(a `SandboxGoneError`). Closing a connection mid-request (cancellation, deadline) makes the
+agent kill that request's commands. A client belongs to one event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import SocketStream
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from ..base import Command, as_bytes, shell_argv
+from ..errors import SandboxCreateError, SandboxError, SandboxFileNotFound, SandboxGoneError
+from ..result import ExecResult
+
+AGENT_DIR = Path(__file__).resolve().parent
+SERVER_PATH = AGENT_DIR / "server.py"
+CONTAINER_AGENT_DIR = "/opt/sandgym-agent"
+CONTAINER_SOCKET_DIR = "/run/sandgym"
+SOCKET_NAME = "agent.sock"
+DEFAULT_OUTPUT_LIMIT = 1 << 20
+
+_LEN = struct.Struct(">I")
+_BROKEN = (
+    anyio.EndOfStream,
+    anyio.IncompleteRead,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    OSError,
+    json.JSONDecodeError,  # a garbled frame
+    struct.error,
+)
+
+OutputCallback = Callable[[str, bytes], Awaitable[None] | None]
+
+
+def agent_command(ttl_s: float | None = None, socket_path: str | None = None) -> list[str]:
+    """The container command that runs the agent from the read-only mount."""
+    cmd = [
+        "python3",
+        "-I",
+        f"{CONTAINER_AGENT_DIR}/server.py",
+        "--socket",
+        socket_path or f"{CONTAINER_SOCKET_DIR}/{SOCKET_NAME}",
+    ]
+    if ttl_s:
+        cmd += ["--ttl", str(float(ttl_s))]
+    return cmd
+
+
+class AgentUnresponsiveError(SandboxGoneError):
+    """The agent did not answer within the request's deadline (timeout + grace)."""
+
+
+class AgentRequestError(SandboxError):
+    """The agent refused or failed a request; `code` says why (e.g. is_a_directory)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+@dataclass
+class BatchJob:
+    """One command of a batch_exec; each has its own timeout and result."""
+
+    argv: Command
+    timeout: float = 60.0
+    stdin: bytes | str | None = None
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+    output_limit: int = DEFAULT_OUTPUT_LIMIT
+
+
+class _Conn:
+    __slots__ = ("stream", "reader")
+
+    def __init__(self, stream: SocketStream) -> None:
+        self.stream = stream
+        self.reader = BufferedByteReceiveStream(stream)
+
+    async def send(self, header: dict[str, Any], blobs: Sequence[bytes]) -> None:
+        header["blobs"] = [len(b) for b in blobs]
+        h = json.dumps(header, separators=(",", ":")).encode()
+        if sum(len(b) for b in blobs) <= (1 << 20):
+            await self.stream.send(b"".join([_LEN.pack(len(h)), h, *blobs]))
+        else:  # large payloads: skip the join copy
+            await self.stream.send(_LEN.pack(len(h)) + h)
+            for b in blobs:
+                if b:
+                    await self.stream.send(b)
+
+    async def recv(self) -> tuple[dict[str, Any], list[bytes]]:
+        (n,) = _LEN.unpack(await self.reader.receive_exactly(_LEN.size))
+        header = json.loads(await self.reader.receive_exactly(n))
+        blobs = [await self.reader.receive_exactly(k) if k else b"" for k in header.get("blobs", ())]
+        return header, blobs
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.stream.aclose()
+            except Exception:
+                pass
+
+
+class AgentClient:
+    """Talks to one agent over its unix socket, keeping a small pool of idle connections
+    (one request in flight per connection; concurrency opens more)."""
+
+    def __init__(
+        self,
+        socket_path: str | os.PathLike[str],
+        *,
+        grace_s: float = 10.0,
+        max_idle: int = 8,
+    ) -> None:
+        self.socket_path = str(socket_path)
+        self.grace_s = grace_s
+        self.max_idle = max_idle
+        self._idle: list[_Conn] = []
+        self._closed = False
+
+    # ------------------------------------------------------------------ transport
+
+    async def _connect(self) -> _Conn:
+        if self._closed:
+            raise SandboxGoneError("agent client is closed")
+        try:
+            return _Conn(await anyio.connect_unix(self.socket_path))
+        except OSError as exc:
+            raise SandboxGoneError(f"agent at {self.socket_path} is unreachable: {exc}") from exc
+
+    async def _request(
+        self,
+        header: dict[str, Any],
+        blobs: Sequence[bytes] = (),
+        *,
+        deadline_s: float,
+        on_event: Callable[[dict[str, Any], list[bytes]], Awaitable[None]] | None = None,
+    ) -> tuple[dict[str, Any], list[bytes]]:
+        conn = self._idle.pop() if self._idle else await self._connect()
+        reusable = False
+        try:
+            with anyio.fail_after(deadline_s):
+                await conn.send(header, blobs)
+                while True:
+                    reply, rblobs = await conn.recv()
+                    if "event" not in reply:
+                        break
+                    if on_event is not None:
+                        await on_event(reply, rblobs)
+            reusable = True
+        except TimeoutError as exc:
+            raise AgentUnresponsiveError(
+                f"agent at {self.socket_path} gave no answer to {header.get('op')!r} in {deadline_s:.1f}s"
+            ) from exc
+        except _BROKEN as exc:
+            raise SandboxGoneError(
+                f"agent at {self.socket_path} went away during {header.get('op')!r}: {exc!r}"
+            ) from exc
+        finally:
+            if reusable and not self._closed and len(self._idle) < self.max_idle:
+                self._idle.append(conn)
+            else:  # mid-request state unknown (or surplus): closing it also cancels the work
+                await conn.aclose()
+        if not reply.get("ok"):
+            err = reply.get("error") or {}
+            code, message = str(err.get("code", "internal")), str(err.get("message", ""))
+            if code == "not_found":
+                raise SandboxFileNotFound(message)
+            raise AgentRequestError(code, message)
+        return reply, rblobs
+
+    # ------------------------------------------------------------------ operations
+
+    async def ping(self, timeout: float = 5.0) -> dict[str, Any]:
+        """The agent's pid, uid, python version and remaining TTL."""
+        reply, _ = await self._request({"op": "ping"}, deadline_s=timeout)
+        return reply
+
+    async def wait_ready(self, timeout: float = 30.0, interval: float = 0.02) -> dict[str, Any]:
+        """Poll until the agent answers a ping; raises SandboxCreateError past `timeout`."""
+        last: Exception | None = None
+        with anyio.move_on_after(timeout):
+            while True:
+                try:
+                    return await self.ping(timeout=max(1.0, interval * 10))
+                except SandboxGoneError as exc:
+                    last = exc
+                await anyio.sleep(interval)
+                interval = min(interval * 1.5, 0.25)
+        raise SandboxCreateError(f"agent at {self.socket_path} not ready after {timeout}s: {last}")
+
+    async def exec(
+        self,
+        argv: Command,
+        *,
+        timeout: float = 60.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+        on_output: OutputCallback | None = None,
+    ) -> ExecResult:
+        """Run one command. `on_output(stream, chunk)` (optional, sync or async) sees output
+        as it arrives ("stdout"/"stderr"), up to the cap."""
+        header = _job_header(argv, timeout, env, cwd, stdin is not None, output_limit)
+        blobs = [as_bytes(stdin)] if stdin is not None else []
+        header["op"] = "exec"
+        on_event = None
+        if on_output is not None:
+            header["stream"] = True
+
+            async def on_event(ev: dict[str, Any], evblobs: list[bytes]) -> None:
+                res = on_output(str(ev.get("stream")), evblobs[0] if evblobs else b"")
+                if res is not None:
+                    await res
+
+        reply, (out, err) = await self._request(
+            header, blobs, deadline_s=timeout + self.grace_s, on_event=on_event
+        )
+        return _to_result(reply["result"], out, err, output_limit)
+
+    async def batch_exec(
+        self, jobs: Sequence[BatchJob | Mapping[str, Any]], *, parallel: int | None = None
+    ) -> list[ExecResult]:
+        """Run many commands in one round trip, at most `parallel` at once inside the sandbox
+        (default: its CPU count); results in job order."""
+        specs = [j if isinstance(j, BatchJob) else BatchJob(**j) for j in jobs]
+        if not specs:
+            return []
+        blobs: list[bytes] = []
+        headers = []
+        for j in specs:
+            h = _job_header(j.argv, j.timeout, j.env, j.cwd, False, j.output_limit)
+            if j.stdin is not None:
+                h["stdin"] = len(blobs)
+                blobs.append(as_bytes(j.stdin))
+            headers.append(h)
+        header: dict[str, Any] = {"op": "batch_exec", "jobs": headers}
+        if parallel:
+            header["parallel"] = int(parallel)
+        # Greedy scheduling finishes within sum/P + max; unknown P counts as 1.
+        per_job = [j.timeout + 2.5 for j in specs]
+        p = max(1, min(parallel or 1, len(specs)))
+        deadline = sum(per_job) / p + max(per_job) + self.grace_s
+        reply, rblobs = await self._request(header, blobs, deadline_s=deadline)
+        results = []
+        for i, (fields, j) in enumerate(zip(reply["results"], specs)):
+            if "error" in fields:
+                err = fields["error"]
+                raise AgentRequestError(str(err.get("code")), f"job {i}: {err.get('message')}")
+            results.append(_to_result(fields, rblobs[2 * i], rblobs[2 * i + 1], j.output_limit))
+        return results
+
+    async def read_file(self, path: str, *, timeout: float = 60.0) -> bytes:
+        _, blobs = await self._request({"op": "read_file", "path": path}, deadline_s=timeout)
+        return blobs[0]
+
+    async def write_file(
+        self, path: str, data: bytes | str, mode: int = 0o644, *, timeout: float = 60.0
+    ) -> None:
+        await self._request(
+            {"op": "write_file", "path": path, "mode": mode}, [as_bytes(data)], deadline_s=timeout
+        )
+
+    async def put_archive(self, dest_dir: str, tar_bytes: bytes, *, timeout: float = 120.0) -> None:
+        """Extract a tar into `dest_dir` (created), refusing members that escape it."""
+        await self._request({"op": "put_archive", "path": dest_dir}, [tar_bytes], deadline_s=timeout)
+
+    async def get_archive(self, path: str, *, timeout: float = 120.0) -> bytes:
+        """A tar of `path` with its basename at the top."""
+        _, blobs = await self._request({"op": "get_archive", "path": path}, deadline_s=timeout)
+        return blobs[0]
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.aclose()
+
+    async def __aenter__(self) -> "AgentClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _job_header(
+    argv: Command,
+    timeout: float,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    has_stdin: bool,
+    output_limit: int,
+) -> dict[str, Any]:
+    if timeout <= 0:
+        raise ValueError(f"timeout must be > 0, got {timeout}")
+    if output_limit < 0:
+        raise ValueError(f"output_limit must be >= 0, got {output_limit}")
+    h: dict[str, Any] = {"argv": shell_argv(argv), "timeout": timeout, "output_limit": output_limit}
+    if env:
+        h["env"] = dict(env)
+    if cwd:
+        h["cwd"] = cwd
+    if has_stdin:
+        h["stdin"] = 0
+    return h
+
+
+def _to_result(fields: Mapping[str, Any], out: bytes, err: bytes, limit: int) -> ExecResult:
+    return ExecResult(
+        exit_code=int(fields["exit_code"]),
+        stdout_bytes=out,
+        stderr_bytes=err,
+        duration_s=float(fields.get("duration_s", 0.0)),
+        timed_out=bool(fields.get("timed_out")),
+        oom_killed=bool(fields.get("oom_killed")),
+        truncated=bool(fields.get("stdout_truncated") or fields.get("stderr_truncated")),
+        output_limit=limit,
+    )

@@ -1,0 +1,715 @@
+#!/usr/bin/env python3
+"""sandgym exec agent: runs commands inside a sandbox for a host-side client.
+
+Standard library only, Python >= 3.9, so any image with python3 can run it unchanged:
+
+    python3 -I server.py --socket /run/sandgym/agent.sock [--ttl SECONDS]
+
+Wire format (both directions): a frame is a 4-byte big-endian length, that many bytes of
+UTF-8 JSON (the header), then raw payloads whose lengths the header lists in "blobs". Bytes
+(stdin, stdout, file contents, tar archives) therefore never pass through base64 or JSON.
+A connection carries one request at a time; a client keeps several connections for
+concurrency. Requests carry "op": ping, exec, batch_exec, read_file, write_file,
+put_archive, get_archive. Replies carry "ok" and either the op's fields or "error":
+{"code", "message"}. An exec with "stream": true is preceded by {"event": "output"} frames.
+
+Commands run in their own session (process group). Past their timeout, or when the client
+hangs up mid-request, the whole group is SIGKILLed. Output is drained continuously and kept
+up to the per-stream limit; the excess is read and dropped.
+
+The agent removes itself after --ttl seconds and on SIGTERM/SIGINT, killing what it started.
+As PID 1 it also reaps orphaned zombies. The socket is made world-connectable (0777)
+because the agent runs unprivileged in the container while the host side connects as
+another user; the directory it lives in must be writable by the agent's uid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import io
+import json
+import os
+import selectors
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+PROTOCOL = 1
+_LEN = struct.Struct(">I")
+MAX_HEADER = 16 << 20
+CHUNK = 1 << 16
+# After the command exits, how long to keep reading pipes that background children still
+# hold open (e.g. `server &`); they are then abandoned, not killed.
+LINGER_S = 0.25
+# After a kill, how long to wait for the pipes to close before giving up on them.
+KILL_DRAIN_S = 2.0
+TIMEOUT_EXIT = 124
+
+
+class RequestError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Stop(BaseException):
+    """Raised in the main thread by the SIGTERM handler to leave accept() at once."""
+
+
+# ----------------------------------------------------------------------------- framing
+
+
+def _recv_exact(rfile: Any, n: int) -> bytes:
+    data = rfile.read(n)
+    if data is None or len(data) != n:
+        raise EOFError("connection closed mid-frame")
+    return data
+
+
+def recv_frame(rfile: Any) -> Optional[Tuple[Dict[str, Any], List[bytes]]]:
+    """The next frame, or None on a clean end of stream between frames."""
+    head = rfile.read(_LEN.size)
+    if not head:
+        return None
+    if len(head) != _LEN.size:
+        raise EOFError("connection closed mid-frame")
+    (n,) = _LEN.unpack(head)
+    if n > MAX_HEADER:
+        raise RequestError("bad_request", f"header of {n} bytes is over the limit")
+    header = json.loads(_recv_exact(rfile, n))
+    if not isinstance(header, dict):
+        raise RequestError("bad_request", "header must be a JSON object")
+    sizes = header.get("blobs") or []
+    blobs = [_recv_exact(rfile, int(k)) if k else b"" for k in sizes]
+    return header, blobs
+
+
+def send_frame(sock: socket.socket, header: Dict[str, Any], blobs: Sequence[bytes] = ()) -> None:
+    header["blobs"] = [len(b) for b in blobs]
+    h = json.dumps(header, separators=(",", ":")).encode()
+    total = len(h) + sum(len(b) for b in blobs)
+    if total <= (1 << 20):  # one syscall for the common small reply
+        sock.sendall(b"".join([_LEN.pack(len(h)), h, *blobs]))
+    else:  # big payloads: no extra copy
+        sock.sendall(_LEN.pack(len(h)) + h)
+        for b in blobs:
+            if b:
+                sock.sendall(b)
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+class Registry:
+    """Process groups we started (to kill on exit) and the lock that makes spawning and
+    PID-1 zombie reaping agree on which children are ours."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pids: set = set()
+        self.stopping = False  # set on shutdown: no new commands after the final kill
+
+    def kill_all(self) -> None:
+        with self.lock:
+            self.stopping = True
+            pids = list(self.pids)
+        for pid in pids:
+            _killpg(pid)
+
+    def reap_orphans(self) -> None:
+        """waitpid() zombies that are our children but not commands we track: orphans
+        re-parented to us as PID 1. Tracked children are left to their Popen."""
+        me = os.getpid()
+        with self.lock:
+            for name in os.listdir("/proc"):
+                if not name.isdigit():
+                    continue
+                pid = int(name)
+                if pid in self.pids:
+                    continue
+                try:
+                    with open("/proc/%d/stat" % pid, "rb") as f:
+                        fields = f.read().rsplit(b")", 1)[1].split()
+                except (OSError, IndexError):
+                    continue
+                if fields[0] == b"Z" and int(fields[1]) == me:
+                    try:
+                        os.waitpid(pid, os.WNOHANG)
+                    except ChildProcessError:
+                        pass
+
+
+REGISTRY = Registry()
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _oom_kill_counter() -> Optional[int]:
+    """The cgroup's OOM-kill count (v2 memory.events or v1 memory.oom_control)."""
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(path, "rb") as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) == 2 and parts[0] == b"oom_kill":
+                        return int(parts[1])
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+class Capped:
+    __slots__ = ("limit", "chunks", "size", "truncated")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.chunks: List[bytes] = []
+        self.size = 0
+        self.truncated = False
+
+    def write(self, data: bytes) -> bytes:
+        """Keep what fits; return the kept part."""
+        room = self.limit - self.size
+        if len(data) > room:
+            self.truncated = True
+            data = data[: max(room, 0)]
+        if data:
+            self.chunks.append(data)
+            self.size += len(data)
+        return data
+
+    def value(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+def _spawn_error(argv: List[str], exc: OSError, t0: float) -> Tuple[Dict[str, Any], bytes, bytes]:
+    code = 127 if exc.errno == errno.ENOENT else 126
+    msg = "sandgym-agent: cannot run %r: %s\n" % (argv[0] if argv else "", exc)
+    return (_result(code, False, False, False, False, t0), b"", msg.encode())
+
+
+def _result(code: int, timed_out: bool, oom: bool, t_out: bool, t_err: bool, t0: float) -> Dict[str, Any]:
+    return {
+        "exit_code": code,
+        "timed_out": timed_out,
+        "oom_killed": oom,
+        "stdout_truncated": t_out,
+        "stderr_truncated": t_err,
+        "duration_s": round(time.monotonic() - t0, 6),
+    }
+
+
+def run_command(
+    argv: List[str],
+    *,
+    env: Optional[Dict[str, str]],
+    cwd: Optional[str],
+    stdin: Optional[bytes],
+    timeout: float,
+    limit: int,
+    cancel_fd: Optional[int] = None,
+    on_output: Optional[Callable[[str, bytes], None]] = None,
+) -> Tuple[Dict[str, Any], bytes, bytes]:
+    """Run one command to completion. Returns (result fields, stdout, stderr).
+
+    `cancel_fd` becoming readable (the client hung up, or a batch was abandoned) kills the
+    command's process group at once."""
+    t0 = time.monotonic()
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise RequestError("bad_request", "argv must be a non-empty list of strings")
+    full_env = None
+    if env:
+        full_env = dict(os.environ)
+        full_env.update({str(k): str(v) for k, v in env.items()})
+    oom_before = _oom_kill_counter()
+    try:
+        with REGISTRY.lock:
+            if REGISTRY.stopping:
+                raise RequestError("stopping", "the agent is shutting down")
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=cwd or None,
+                env=full_env,
+                start_new_session=True,
+                bufsize=0,
+            )
+            REGISTRY.pids.add(proc.pid)
+    except OSError as exc:
+        return _spawn_error(argv, exc, t0)
+    try:
+        return _supervise(proc, stdin, timeout, limit, cancel_fd, on_output, oom_before, t0)
+    except BaseException:
+        _killpg(proc.pid)  # e.g. the streaming client went away: never leave it unsupervised
+        proc.wait()
+        raise
+    finally:
+        with REGISTRY.lock:
+            REGISTRY.pids.discard(proc.pid)
+
+
+def _supervise(
+    proc: "subprocess.Popen[bytes]",
+    stdin: Optional[bytes],
+    timeout: float,
+    limit: int,
+    cancel_fd: Optional[int],
+    on_output: Optional[Callable[[str, bytes], None]],
+    oom_before: Optional[int],
+    t0: float,
+) -> Tuple[Dict[str, Any], bytes, bytes]:
+    out, err = Capped(limit), Capped(limit)
+    sel = selectors.DefaultSelector()
+    assert proc.stdout is not None and proc.stderr is not None
+    open_pipes = 2
+    sel.register(proc.stdout, selectors.EVENT_READ, ("out", out))
+    sel.register(proc.stderr, selectors.EVENT_READ, ("err", err))
+    view = memoryview(stdin or b"")
+    sent = 0
+    if stdin and proc.stdin is not None:
+        os.set_blocking(proc.stdin.fileno(), False)
+        sel.register(proc.stdin, selectors.EVENT_WRITE, ("in", None))
+    pidfd = -1
+    try:  # pidfd: exit is an event like any other, no polling
+        pidfd = os.pidfd_open(proc.pid)  # type: ignore[attr-defined]
+        sel.register(pidfd, selectors.EVENT_READ, ("exit", None))
+    except (AttributeError, OSError):
+        pidfd = -1
+    if cancel_fd is not None:
+        sel.register(cancel_fd, selectors.EVENT_READ, ("cancel", None))
+
+    deadline = t0 + timeout
+    killed_at: Optional[float] = None
+    timed_out = False
+    exited_at: Optional[float] = None
+    try:
+        while True:
+            now = time.monotonic()
+            if exited_at is None and pidfd < 0 and proc.poll() is not None:
+                exited_at = now
+            if exited_at is not None and (open_pipes == 0 or now >= exited_at + LINGER_S):
+                break
+            if killed_at is None and now >= deadline:
+                _killpg(proc.pid)
+                killed_at, timed_out = now, True
+            if killed_at is not None and open_pipes and now >= killed_at + KILL_DRAIN_S:
+                break  # pipes held by something outside the group; stop waiting on them
+            wait = (deadline if killed_at is None else killed_at + KILL_DRAIN_S) - now
+            if exited_at is not None:
+                wait = min(wait, exited_at + LINGER_S - now)
+            if pidfd < 0:
+                wait = min(wait, 0.01 if open_pipes == 0 else 0.05)
+            for key, _ in sel.select(max(wait, 0.0)):
+                tag, buf = key.data
+                if tag == "out" or tag == "err":
+                    try:
+                        chunk = os.read(key.fd, CHUNK)
+                    except BlockingIOError:
+                        continue
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        open_pipes -= 1
+                        continue
+                    kept = buf.write(chunk)
+                    if kept and on_output is not None:
+                        on_output("stdout" if tag == "out" else "stderr", kept)
+                elif tag == "in":
+                    try:
+                        sent += os.write(key.fd, view[sent : sent + CHUNK])
+                    except BlockingIOError:
+                        continue
+                    except (BrokenPipeError, OSError):
+                        sent = len(view)
+                    if sent >= len(view):
+                        sel.unregister(key.fileobj)
+                        key.fileobj.close()  # type: ignore[union-attr]
+                elif tag == "exit":
+                    sel.unregister(key.fileobj)
+                    exited_at = time.monotonic()
+                elif tag == "cancel":
+                    sel.unregister(key.fileobj)
+                    if killed_at is None:
+                        _killpg(proc.pid)
+                        killed_at = time.monotonic()
+    finally:
+        sel.close()
+        if pidfd >= 0:
+            os.close(pidfd)
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+    rc = proc.wait()
+    code = 128 - rc if rc < 0 else rc
+    oom = False
+    if oom_before is not None and not timed_out and code == 128 + signal.SIGKILL:
+        after = _oom_kill_counter()
+        oom = after is not None and after > oom_before
+    if timed_out:
+        code = TIMEOUT_EXIT
+    return (_result(code, timed_out, oom, out.truncated, err.truncated, t0), out.value(), err.value())
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _os_error(exc: OSError, path: str) -> RequestError:
+    codes = {
+        errno.ENOENT: "not_found",
+        errno.EISDIR: "is_a_directory",
+        errno.ENOTDIR: "not_a_directory",
+        errno.EACCES: "permission_denied",
+        errno.EPERM: "permission_denied",
+        errno.EROFS: "read_only",
+        errno.ENOSPC: "no_space",
+    }
+    return RequestError(codes.get(exc.errno or 0, "os_error"), "%s: %s" % (path, exc.strerror or exc))
+
+
+def read_file(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise _os_error(exc, path) from None
+
+
+def write_file(path: str, data: bytes, mode: int) -> None:
+    try:
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode & 0o7777)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, mode & 0o7777)  # O_CREAT's mode is masked by umask and skipped for existing files
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise _os_error(exc, path) from None
+
+
+def _inside(root: str, path: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _safe_members(tar: tarfile.TarFile, dest: str):  # type: ignore[no-untyped-def]
+    """tarfile's "data" filter for Pythons that lack it (Debian bookworm's 3.11.2): no
+    absolute or escaping names or links, no device files, no set-id bits, no ownership.
+    A generator, so each member is checked against the tree as extracted so far."""
+    root = os.path.realpath(dest)
+    for m in tar:
+        name = m.name.lstrip("/" + os.sep)
+        target = os.path.realpath(os.path.join(root, name))
+        if not _inside(root, target):
+            raise tarfile.TarError("%r would extract outside the destination" % m.name)
+        if m.issym():
+            if os.path.isabs(m.linkname):
+                raise tarfile.TarError("%r links to an absolute path" % m.name)
+            if not _inside(root, os.path.realpath(os.path.join(os.path.dirname(target), m.linkname))):
+                raise tarfile.TarError("%r links outside the destination" % m.name)
+        elif m.islnk():
+            if not _inside(root, os.path.realpath(os.path.join(root, m.linkname.lstrip("/")))):
+                raise tarfile.TarError("%r links outside the destination" % m.name)
+        elif not (m.isreg() or m.isdir()):
+            raise tarfile.TarError("%r is a special file" % m.name)
+        m.name = name
+        mode = m.mode & 0o755 if m.isdir() or m.isreg() else m.mode
+        if m.isreg():
+            mode |= 0o600
+            if not mode & 0o100:
+                mode &= ~0o011
+        m.mode = mode
+        m.uid, m.gid, m.uname, m.gname = os.getuid(), os.getgid(), "", ""
+        yield m
+
+
+def put_archive(dest: str, data: bytes) -> None:
+    try:
+        os.makedirs(dest, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(dest, filter="data")  # type: ignore[call-arg]
+            else:
+                tar.extractall(dest, members=_safe_members(tar, dest))
+    except OSError as exc:
+        raise _os_error(exc, dest) from None
+    except tarfile.TarError as exc:
+        raise RequestError("bad_archive", str(exc)) from None
+
+
+def get_archive(path: str) -> bytes:
+    if not os.path.lexists(path):
+        raise RequestError("not_found", "%s: No such file or directory" % path)
+    buf = io.BytesIO()
+    try:
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(path, arcname=os.path.basename(path.rstrip("/")) or ".")
+    except OSError as exc:
+        raise _os_error(exc, path) from None
+    return buf.getvalue()
+
+
+# ----------------------------------------------------------------------------- requests
+
+
+def _exec_args(h: Dict[str, Any], blobs: List[bytes]) -> Dict[str, Any]:
+    idx = h.get("stdin")
+    stdin = blobs[idx] if isinstance(idx, int) and 0 <= idx < len(blobs) else None
+    timeout = float(h["timeout"]) if h.get("timeout") is not None else 60.0
+    limit = int(h["output_limit"]) if h.get("output_limit") is not None else (1 << 20)
+    if timeout <= 0 or limit < 0:
+        raise RequestError("bad_request", "timeout must be > 0 and output_limit >= 0")
+    return {
+        "env": h.get("env"),
+        "cwd": h.get("cwd"),
+        "stdin": stdin,
+        "timeout": timeout,
+        "limit": limit,
+    }
+
+
+def _parallelism() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))  # type: ignore[attr-defined]
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def handle_batch(conn: socket.socket, h: Dict[str, Any], blobs: List[bytes]) -> None:
+    jobs = h.get("jobs")
+    if not isinstance(jobs, list):
+        raise RequestError("bad_request", "jobs must be a list")
+    parsed = [(j.get("argv"), _exec_args(j, blobs)) for j in jobs]
+    parallel = int(h.get("parallel") or _parallelism())
+    results: List[Any] = [None] * len(parsed)
+    # The workers watch cancel_r; it becomes readable when the client hangs up.
+    cancel_r, cancel_w = os.pipe()
+    done_r, done_w = os.pipe()
+    remaining = [len(parsed)]
+    lock = threading.Lock()
+    cancelled = threading.Event()
+
+    def work(i: int) -> None:
+        argv, kw = parsed[i]
+        try:
+            if cancelled.is_set():
+                raise RequestError("cancelled", "the client went away")
+            results[i] = run_command(argv, cancel_fd=cancel_r, **kw)
+        except RequestError as exc:
+            results[i] = ({"error": {"code": exc.code, "message": str(exc)}}, b"", b"")
+        except Exception as exc:  # one job's bug must not lose the others
+            results[i] = ({"error": {"code": "internal", "message": repr(exc)}}, b"", b"")
+        with lock:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                os.write(done_w, b"x")
+
+    try:
+        if parsed:
+            pool = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(parsed))))
+            for i in range(len(parsed)):
+                pool.submit(work, i)
+            with selectors.DefaultSelector() as sel:
+                sel.register(done_r, selectors.EVENT_READ, "done")
+                sel.register(conn, selectors.EVENT_READ, "conn")
+                finished = False
+                while not finished:
+                    for key, _ in sel.select():
+                        if key.data == "done":
+                            finished = True
+                        else:  # client gone: stop every job, then drop the reply
+                            cancelled.set()
+                            os.write(cancel_w, b"x")
+                            sel.unregister(conn)
+            pool.shutdown(wait=True)
+    finally:
+        for fd in (cancel_r, cancel_w, done_r, done_w):
+            os.close(fd)
+    out_blobs: List[bytes] = []
+    fields = []
+    for res, so, se in results:
+        fields.append(res)
+        out_blobs += [so, se]
+    send_frame(conn, {"ok": True, "results": fields}, out_blobs)
+
+
+def handle(conn: socket.socket, h: Dict[str, Any], blobs: List[bytes], started: float, ttl: Optional[float]) -> None:
+    op = h.get("op")
+    if op == "ping":
+        send_frame(
+            conn,
+            {
+                "ok": True,
+                "protocol": PROTOCOL,
+                "pid": os.getpid(),
+                "uid": os.getuid(),
+                "python": sys.version.split()[0],
+                "ttl_left_s": None if ttl is None else round(started + ttl - time.monotonic(), 3),
+            },
+        )
+    elif op == "exec":
+        on_output = None
+        if h.get("stream"):
+
+            def on_output(stream: str, data: bytes) -> None:
+                send_frame(conn, {"event": "output", "stream": stream}, [data])
+
+        res, so, se = run_command(h.get("argv"), cancel_fd=conn.fileno(), on_output=on_output, **_exec_args(h, blobs))  # type: ignore[arg-type]
+        send_frame(conn, {"ok": True, "result": res}, [so, se])
+    elif op == "batch_exec":
+        handle_batch(conn, h, blobs)
+    elif op == "read_file":
+        send_frame(conn, {"ok": True}, [read_file(_path(h))])
+    elif op == "write_file":
+        write_file(_path(h), blobs[0] if blobs else b"", int(h.get("mode", 0o644)))
+        send_frame(conn, {"ok": True})
+    elif op == "put_archive":
+        put_archive(_path(h), blobs[0] if blobs else b"")
+        send_frame(conn, {"ok": True})
+    elif op == "get_archive":
+        send_frame(conn, {"ok": True}, [get_archive(_path(h))])
+    else:
+        raise RequestError("bad_request", "unknown op %r" % (op,))
+
+
+def _path(h: Dict[str, Any]) -> str:
+    p = h.get("path")
+    if not isinstance(p, str) or not p or "\x00" in p:
+        raise RequestError("bad_request", "path must be a non-empty string")
+    return p
+
+
+def serve_connection(conn: socket.socket, started: float, ttl: Optional[float]) -> None:
+    rfile = conn.makefile("rb")
+    try:
+        while True:
+            try:
+                frame = recv_frame(rfile)
+            except (EOFError, ValueError, RequestError, OSError):
+                return  # garbage or a dead peer: drop the connection
+            if frame is None:
+                return
+            header, blobs = frame
+            try:
+                handle(conn, header, blobs, started, ttl)
+            except RequestError as exc:
+                send_frame(conn, {"ok": False, "error": {"code": exc.code, "message": str(exc)}})
+            except (BrokenPipeError, ConnectionResetError):
+                return
+            except Exception as exc:  # report, keep serving
+                send_frame(conn, {"ok": False, "error": {"code": "internal", "message": repr(exc)}})
+    except OSError:
+        return
+    finally:
+        rfile.close()
+        conn.close()
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def _listen(path: str) -> Tuple[socket.socket, Tuple[int, int]]:
+    """Bind under a temporary name, open it up, then rename into place: the socket path
+    appearing means the agent is accepting."""
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(tmp)
+    os.chmod(tmp, 0o777)  # host-side clients run as another uid
+    sock.listen(256)
+    os.replace(tmp, path)
+    st = os.stat(path)
+    return sock, (st.st_dev, st.st_ino)
+
+
+def _unlink_if_ours(path: str, ident: Tuple[int, int]) -> None:
+    try:
+        st = os.stat(path)
+        if (st.st_dev, st.st_ino) == ident and stat.S_ISSOCK(st.st_mode):
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description="sandgym in-sandbox exec agent")
+    ap.add_argument("--socket", required=True, help="unix socket path to listen on")
+    ap.add_argument("--ttl", type=float, default=None, help="exit after this many seconds")
+    args = ap.parse_args(argv)
+    started = time.monotonic()
+    ttl = args.ttl if args.ttl and args.ttl > 0 else None
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _Stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    reap = threading.Event()
+    if os.getpid() == 1:  # we are the container's init: orphans become our zombies
+        signal.signal(signal.SIGCHLD, lambda s, f: reap.set())
+
+        def reaper() -> None:
+            while True:
+                reap.wait(5.0)
+                reap.clear()
+                try:
+                    REGISTRY.reap_orphans()
+                except Exception:
+                    pass
+
+        threading.Thread(target=reaper, name="reaper", daemon=True).start()
+
+    sock, ident = _listen(args.socket)
+    try:
+        while True:
+            if ttl is not None:
+                left = started + ttl - time.monotonic()
+                if left <= 0:
+                    break
+                sock.settimeout(left)
+            try:
+                conn, _ = sock.accept()
+            except socket.timeout:
+                continue
+            conn.setblocking(True)
+            threading.Thread(target=serve_connection, args=(conn, started, ttl), daemon=True).start()
+    except _Stop:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _unlink_if_ours(args.socket, ident)
+        sock.close()
+        REGISTRY.kill_all()
+    # Exit now: worker threads blocked on dead commands or dead clients need no goodbye.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,518 @@
+"""The in-sandbox exec agent: the real server as a host subprocess on a unix socket, and
+then inside a real hardened container (network none) reached through a bind-mounted socket."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from sandgym.sandboxes.agent import (
+    AGENT_DIR,
+    SERVER_PATH,
+    AgentClient,
+    AgentRequestError,
+    AgentUnresponsiveError,
+    BatchJob,
+    agent_command,
+)
+from sandgym.sandboxes.agent import server as agent_server
+from sandgym.sandboxes.errors import SandboxFileNotFound, SandboxGoneError
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _start(sock: Path, *extra: str) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, str(SERVER_PATH), "--socket", str(sock), *extra])
+    end = time.monotonic() + 30
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > end:
+            proc.kill()
+            raise RuntimeError(f"agent did not start (rc={proc.poll()})")
+        time.sleep(0.01)
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _pids_with(marker: str) -> list[int]:
+    """Processes whose command line contains `marker` (our unique sleep arguments)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker in cmd and state != "Z":
+            found.append(int(name))
+    return found
+
+
+def _marker() -> str:
+    """A unique `sleep` argument so /proc checks only see processes of this test."""
+    return f"{100 + (uuid.uuid4().int % 10**6) / 10**7:.7f}"
+
+
+def _wait_gone(marker: str, within: float = 15.0) -> list[int]:
+    end = time.monotonic() + within
+    while (left := _pids_with(marker)) and time.monotonic() < end:
+        time.sleep(0.05)
+    return left
+
+
+def _kill_marked(marker: str) -> None:
+    for pid in _pids_with(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    sock = tmp_path / "agent.sock"
+    proc = _start(sock, "--ttl", "300")
+    yield proc, sock
+    _stop(proc)
+
+
+@pytest.fixture
+async def client(agent: tuple[subprocess.Popen[bytes], Path]) -> AgentClient:
+    c = AgentClient(agent[1])
+    await c.wait_ready(10)
+    yield c  # type: ignore[misc]
+    await c.aclose()
+
+
+# ----------------------------------------------------------------------------- exec
+
+
+async def test_ping_reports_agent(client: AgentClient, agent) -> None:
+    info = await client.ping()
+    assert info["ok"] and info["pid"] == agent[0].pid and info["protocol"] == 1
+    assert 0 < info["ttl_left_s"] <= 300
+
+
+async def test_exec_basics_and_stderr(client: AgentClient) -> None:
+    r = await client.exec(["sh", "-c", "echo out; echo err >&2"], timeout=10)
+    assert (r.exit_code, r.stdout, r.stderr) == (0, "out\n", "err\n")
+    assert r.ok and not r.timed_out and not r.truncated and r.duration_s > 0
+    r = await client.exec("echo $((6*7))", timeout=10)  # a string runs under bash -c
+    assert r.stdout == "42\n"
+
+
+async def test_exit_codes(client: AgentClient) -> None:
+    assert (await client.exec(["sh", "-c", "exit 3"], timeout=10)).exit_code == 3
+    assert (await client.exec(["sh", "-c", "kill -9 $$"], timeout=10)).exit_code == 137
+    assert (await client.exec(["sh", "-c", "kill -TERM $$"], timeout=10)).exit_code == 143
+    missing = await client.exec(["/no/such/program"], timeout=10)
+    assert missing.exit_code == 127 and "/no/such/program" in missing.stderr
+    assert (await client.exec(["true"], timeout=10, cwd="/no/such/dir")).exit_code == 127
+
+
+async def test_env_and_cwd(client: AgentClient, tmp_path: Path) -> None:
+    r = await client.exec(["sh", "-c", 'echo "$FOO|$BAR"; pwd'], timeout=10, env={"FOO": "a b", "BAR": "ü"}, cwd=str(tmp_path))
+    assert r.stdout == f"a b|ü\n{tmp_path}\n"
+    # the agent's own environment (PATH) is kept underneath
+    assert (await client.exec(["sh", "-c", "echo $PATH"], timeout=10, env={"X": "1"})).stdout.strip()
+
+
+async def test_stdin_and_binary_byte_exact(client: AgentClient) -> None:
+    every_byte = bytes(range(256)) * 4
+    r = await client.exec(["cat"], timeout=10, stdin=every_byte)
+    assert r.stdout_bytes == every_byte
+    big = os.urandom(5 << 20)  # larger than any pipe buffer: stdin and stdout interleave
+    r = await client.exec(["cat"], timeout=30, stdin=big, output_limit=6 << 20)
+    assert r.stdout_bytes == big and not r.truncated
+    r = await client.exec(["python3", "-c", "import sys; sys.stdout.buffer.write(bytes(range(256)))"], timeout=10)
+    assert r.stdout_bytes == bytes(range(256))
+    # a command that ignores its stdin still finishes
+    r = await client.exec(["true"], timeout=10, stdin=big)
+    assert r.exit_code == 0
+
+
+async def test_timeout_kills_the_process_group(client: AgentClient) -> None:
+    m = _marker()
+    t0 = time.monotonic()
+    try:
+        r = await client.exec(["sh", "-c", f"sleep {m} & sleep {m}"], timeout=1)
+        elapsed = time.monotonic() - t0
+        assert r.timed_out and r.exit_code == 124 and not r.ok
+        assert elapsed < 30  # far below the sleeps: nothing waited for them
+        assert _wait_gone(m) == []
+    finally:
+        _kill_marked(m)
+
+
+async def test_output_cap_keeps_draining(client: AgentClient) -> None:
+    r = await client.exec(["sh", "-c", "yes | head -c 20000000; yes e | head -c 3000000 >&2"], timeout=60, output_limit=1000)
+    assert r.exit_code == 0 and r.truncated and r.output_limit == 1000
+    assert r.stdout_bytes == b"y\n" * 500 and r.stderr_bytes == b"e\n" * 500
+    r = await client.exec(["sh", "-c", "printf 12345"], timeout=10, output_limit=5)
+    assert r.stdout == "12345" and not r.truncated
+
+
+async def test_background_child_holding_pipes_does_not_block(client: AgentClient) -> None:
+    m = _marker()
+    try:
+        r = await client.exec(["sh", "-c", f"sleep {m} & echo started"], timeout=20)
+        assert r.exit_code == 0 and r.stdout == "started\n" and not r.timed_out
+        assert _pids_with(m)  # left running: only a timeout kills the group
+    finally:
+        _kill_marked(m)
+
+
+async def test_streaming_output(client: AgentClient) -> None:
+    seen: list[tuple[str, bytes]] = []
+
+    async def on_output(stream: str, chunk: bytes) -> None:
+        seen.append((stream, chunk))
+
+    r = await client.exec(["sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.05; done; echo x >&2"], timeout=10, on_output=on_output)
+    assert b"".join(c for s, c in seen if s == "stdout") == r.stdout_bytes == b"1\n2\n3\n"
+    assert b"".join(c for s, c in seen if s == "stderr") == b"x\n"
+
+
+async def test_fifty_concurrent_execs(client: AgentClient) -> None:
+    results: dict[int, str] = {}
+
+    async def one(i: int) -> None:
+        r = await client.exec(["sh", "-c", 'sleep 0.2; echo "$0"', str(i)], timeout=60)
+        results[i] = r.stdout
+
+    async with anyio.create_task_group() as tg:
+        for i in range(50):
+            tg.start_soon(one, i)
+    assert results == {i: f"{i}\n" for i in range(50)}
+
+
+async def test_batch_exec_mixed(client: AgentClient) -> None:
+    m = _marker()
+    jobs = [
+        BatchJob(["python3", "-c", "import sys; print(sys.stdin.read()[::-1])"], timeout=30, stdin="abc"),
+        BatchJob(["python3", "-c", "assert 1 == 2"], timeout=30),
+        {"argv": ["sleep", m], "timeout": 1},
+        BatchJob("echo $V; pwd", timeout=30, env={"V": "v"}, cwd="/"),
+    ] + [BatchJob(["sh", "-c", f"exit {i % 3}"], timeout=30) for i in range(20)]
+    try:
+        rs = await client.batch_exec(jobs, parallel=4)
+    finally:
+        _kill_marked(m)
+    assert len(rs) == 24
+    assert rs[0].ok and rs[0].stdout == "cba\n"
+    assert rs[1].exit_code == 1 and "AssertionError" in rs[1].stderr
+    assert rs[2].timed_out and rs[2].exit_code == 124
+    assert rs[3].stdout == "v\n/\n"
+    assert [r.exit_code for r in rs[4:]] == [i % 3 for i in range(20)]
+    assert await client.batch_exec([]) == []
+
+
+async def test_cancelled_request_kills_its_command(client: AgentClient) -> None:
+    m = _marker()
+    try:
+        with anyio.move_on_after(0.5):
+            await client.exec(["sh", "-c", f"sleep {m}"], timeout=60)
+        assert _wait_gone(m) == []  # the hang-up reached the agent, which killed the group
+        assert (await client.exec(["echo", "still fine"], timeout=10)).stdout == "still fine\n"
+    finally:
+        _kill_marked(m)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+async def test_write_and_read_file(client: AgentClient, tmp_path: Path) -> None:
+    target = tmp_path / "a" / "b" / "c.bin"
+    data = os.urandom(3 << 20)
+    await client.write_file(str(target), data, mode=0o600)
+    assert target.read_bytes() == data and (target.stat().st_mode & 0o777) == 0o600
+    assert await client.read_file(str(target)) == data
+    await client.write_file(str(target), "short", mode=0o755)  # replace, text, new mode
+    assert await client.read_file(str(target)) == b"short" and (target.stat().st_mode & 0o777) == 0o755
+    with pytest.raises(SandboxFileNotFound):
+        await client.read_file(str(tmp_path / "missing"))
+    with pytest.raises(AgentRequestError) as exc:
+        await client.read_file(str(tmp_path))
+    assert exc.value.code == "is_a_directory"
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+async def test_archives_round_trip(client: AgentClient, tmp_path: Path) -> None:
+    dest = tmp_path / "new" / "dir"
+    await client.put_archive(str(dest), _tar({"x.txt": b"x", "sub/y.bin": bytes(range(256))}))
+    assert (dest / "x.txt").read_bytes() == b"x" and (dest / "sub" / "y.bin").read_bytes() == bytes(range(256))
+    data = await client.get_archive(str(dest))
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        names = sorted(tar.getnames())
+        assert tar.extractfile("dir/sub/y.bin").read() == bytes(range(256))  # type: ignore[union-attr]
+    assert names == ["dir", "dir/sub", "dir/sub/y.bin", "dir/x.txt"]
+    single = await client.get_archive(str(dest / "x.txt"))
+    with tarfile.open(fileobj=io.BytesIO(single)) as tar:
+        assert tar.getnames() == ["x.txt"]
+    with pytest.raises(SandboxFileNotFound):
+        await client.get_archive(str(tmp_path / "nope"))
+
+
+async def test_unsafe_archive_refused(client: AgentClient, tmp_path: Path) -> None:
+    dest = tmp_path / "d"
+    with pytest.raises(AgentRequestError) as exc:
+        await client.put_archive(str(dest), _tar({"../escaped.txt": b"evil"}))
+    assert exc.value.code == "bad_archive" and not (tmp_path / "escaped.txt").exists()
+
+
+@pytest.mark.parametrize("archive", ["dotdot", "abslink", "linkescape", "device"])
+def test_fallback_tar_filter(archive: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Debian bookworm's python3 (3.11.2) has no tarfile data filter; the agent's own one
+    must refuse the same escapes."""
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        ok = tarfile.TarInfo("fine.txt")
+        ok.size, ok.mode = 2, 0o4777
+        tar.addfile(ok, io.BytesIO(b"ok"))
+        if archive == "dotdot":
+            bad = tarfile.TarInfo("a/../../out.txt")
+            bad.size = 1
+            tar.addfile(bad, io.BytesIO(b"x"))
+        elif archive == "abslink":
+            bad = tarfile.TarInfo("link")
+            bad.type, bad.linkname = tarfile.SYMTYPE, "/etc"
+            tar.addfile(bad)
+        elif archive == "linkescape":
+            link = tarfile.TarInfo("up")
+            link.type, link.linkname = tarfile.SYMTYPE, ".."
+            tar.addfile(link)
+        else:
+            bad = tarfile.TarInfo("dev")
+            bad.type = tarfile.CHRTYPE
+            tar.addfile(bad)
+    dest = tmp_path / "dest"
+    with pytest.raises(agent_server.RequestError) as exc:
+        agent_server.put_archive(str(dest), buf.getvalue())
+    assert exc.value.code == "bad_archive"
+    assert (dest / "fine.txt").read_bytes() == b"ok"
+    assert (dest / "fine.txt").stat().st_mode & 0o7777 == 0o755  # set-id and group/other write dropped
+    assert not (tmp_path / "out.txt").exists()
+
+
+# ----------------------------------------------------------------------------- lifecycle
+
+
+async def test_ttl_exit_kills_running_commands(tmp_path: Path) -> None:
+    sock = tmp_path / "ttl.sock"
+    proc = _start(sock, "--ttl", "2")
+    m = _marker()
+    try:
+        c = AgentClient(sock)
+        with pytest.raises(SandboxGoneError):
+            await c.exec(["sleep", m], timeout=60)
+        assert proc.wait(30) == 0
+        assert not sock.exists()
+        assert _wait_gone(m) == []
+        with pytest.raises(SandboxGoneError):
+            await c.ping()
+    finally:
+        _stop(proc)
+        _kill_marked(m)
+
+
+async def test_sigterm_stops_agent_and_commands(agent, client: AgentClient) -> None:
+    proc, sock = agent
+    m = _marker()
+    try:
+        async with anyio.create_task_group() as tg:
+
+            async def terminate() -> None:
+                await anyio.sleep(0.5)
+                proc.send_signal(signal.SIGTERM)
+
+            tg.start_soon(terminate)
+            with pytest.raises(SandboxGoneError):
+                await client.exec(["sleep", m], timeout=60)
+        assert proc.wait(30) == 0 and not sock.exists()
+        assert _wait_gone(m) == []
+    finally:
+        _kill_marked(m)
+
+
+async def test_server_killed_mid_request_raises_gone(agent, client: AgentClient) -> None:
+    proc, _ = agent
+    m = _marker()
+    try:
+        async with anyio.create_task_group() as tg:
+
+            async def kill() -> None:
+                await anyio.sleep(0.5)
+                proc.kill()
+
+            tg.start_soon(kill)
+            with pytest.raises(SandboxGoneError):
+                await client.exec(["sleep", m], timeout=60)
+    finally:
+        _kill_marked(m)  # SIGKILL gave the agent no chance to clean up; we do
+
+
+async def test_hung_agent_hits_client_deadline(agent) -> None:
+    proc, sock = agent
+    c = AgentClient(sock, grace_s=0.5)
+    await c.wait_ready(10)
+    proc.send_signal(signal.SIGSTOP)  # a real agent that stops answering
+    try:
+        with pytest.raises(AgentUnresponsiveError):
+            await c.exec(["true"], timeout=0.5)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    assert (await c.exec(["echo", "back"], timeout=10)).stdout == "back\n"
+    await c.aclose()
+
+
+async def test_unreachable_socket(tmp_path: Path) -> None:
+    c = AgentClient(tmp_path / "none.sock")
+    with pytest.raises(SandboxGoneError):
+        await c.ping()
+    with pytest.raises(Exception) as exc:
+        await c.wait_ready(0.3)
+    assert "not ready" in str(exc.value)
+
+
+# ----------------------------------------------------------------------------- docker
+
+IMAGE = "sandgym/python:latest"
+
+
+@pytest.fixture(scope="module")
+def container_sock() -> Iterator[tuple[object, Path]]:
+    docker = pytest.importorskip("docker")
+    try:
+        engine = docker.from_env()
+        engine.ping()
+    except Exception as exc:  # pragma: no cover - depends on the host
+        pytest.skip(f"Docker engine unreachable: {exc}")
+    try:
+        engine.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.skip(f"image {IMAGE} not built yet")
+    host_dir = Path(tempfile.mkdtemp(prefix="sandgym-agent-"))
+    host_dir.chmod(0o777)  # the agent (uid 1000) creates its socket here
+    ctr = engine.containers.run(
+        IMAGE,
+        agent_command(ttl_s=600),
+        detach=True,
+        network_mode="none",
+        read_only=True,
+        tmpfs={"/tmp": "size=64m", "/workspace": "size=64m,uid=1000,gid=1000"},
+        user="1000",
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        mem_limit="128m",
+        memswap_limit="128m",
+        pids_limit=256,
+        volumes={
+            str(host_dir): {"bind": "/run/sandgym", "mode": "rw"},
+            str(AGENT_DIR): {"bind": "/opt/sandgym-agent", "mode": "ro"},
+        },
+        labels={"sandgym.owner": "test-agent"},
+    )
+    try:
+        yield ctr, host_dir / "agent.sock"
+    finally:
+        ctr.remove(force=True)
+        for p in host_dir.iterdir():
+            p.unlink()
+        host_dir.rmdir()
+
+
+@pytest.mark.docker
+async def test_agent_in_hardened_container(container_sock) -> None:
+    ctr, sock = container_sock
+    c = AgentClient(sock)
+    try:
+        info = await c.wait_ready(60)
+        assert info["pid"] == 1 and info["uid"] == 1000  # main process, unprivileged
+        r = await c.exec(["sh", "-c", "id -u; pwd; ls /sys/class/net"], timeout=20)
+        assert r.exit_code == 0 and r.stdout.split() == ["1000", "/workspace", "lo"]  # network none
+        data = bytes(range(256)) * 1000
+        await c.write_file("/workspace/deep/x.bin", data)
+        assert (await c.exec(["sha256sum", "/workspace/deep/x.bin"], timeout=20)).exit_code == 0
+        assert await c.read_file("/workspace/deep/x.bin") == data
+        with pytest.raises(AgentRequestError) as exc:
+            await c.write_file("/etc/evil", b"x")  # read-only root
+        assert exc.value.code in {"read_only", "permission_denied"}
+        with pytest.raises(SandboxFileNotFound):
+            await c.read_file("/workspace/missing")
+        # Debian's python3 lacks tarfile's data filter: the agent's own filter runs here
+        await c.put_archive("/workspace/t", _tar({"a/b.txt": b"hello"}))
+        assert (await c.exec(["cat", "/workspace/t/a/b.txt"], timeout=20)).stdout == "hello"
+        with pytest.raises(AgentRequestError):
+            await c.put_archive("/workspace/t", _tar({"../../tmp/escape": b"x"}))
+        assert (await c.exec(["test", "-e", "/tmp/escape"], timeout=20)).exit_code == 1
+        with tarfile.open(fileobj=io.BytesIO(await c.get_archive("/workspace/t"))) as tar:
+            assert "t/a/b.txt" in tar.getnames()
+        rs = await c.batch_exec([BatchJob(["python3", "-c", f"print({i}*{i})"], timeout=30) for i in range(16)])
+        assert [r.stdout.strip() for r in rs] == [str(i * i) for i in range(16)]
+    finally:
+        await c.aclose()
+
+
+@pytest.mark.docker
+async def test_container_oom_timeout_and_zombies(container_sock) -> None:
+    ctr, sock = container_sock
+    c = AgentClient(sock)
+    try:
+        await c.wait_ready(60)
+        r = await c.exec(["python3", "-c", "b = bytearray(512 << 20)"], timeout=60)
+        assert r.oom_killed and r.exit_code == 137 and not r.timed_out
+        ok = await c.exec(["python3", "-c", "b = bytearray(1 << 20); print('fine')"], timeout=60)
+        assert ok.stdout == "fine\n" and not ok.oom_killed
+        r = await c.exec(["sh", "-c", "sleep 300 & sleep 300"], timeout=1)
+        assert r.timed_out and r.exit_code == 124
+        left = await c.exec(["sh", "-c", "ps -eo stat=,args= | grep -c '[s]leep 300' || true"], timeout=20)
+        assert left.stdout.strip() == "0"
+        # orphans re-parented to the agent (PID 1) are reaped once they exit
+        await c.exec(["sh", "-c", "(sleep 0.2 &) ; true"], timeout=20)
+        await c.exec(["sleep", "1"], timeout=20)  # the orphan has exited by now
+        for _ in range(100):
+            z = await c.exec(["sh", "-c", "ps -eo stat=,ppid=,args= | grep '^Z' || true"], timeout=20)
+            if not z.stdout.strip():
+                break
+            await anyio.sleep(0.1)
+        assert z.stdout.strip() == ""
+    finally:
+        await c.aclose()
