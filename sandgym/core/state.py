@@ -34,6 +34,9 @@ class Turn(BaseModel):
     usage: dict[str, int] = Field(default_factory=dict)
     model_s: float = 0.0
     tools_s: float = 0.0
+    # Where `tokens` came from: "return_token_ids" (vLLM >= 0.10 ids on the response),
+    # "logprobs" (completion ids from `token_id:N` logprob entries; no prompt ids), or None.
+    token_source: str | None = None
 
 
 class Timing(BaseModel):
@@ -64,6 +67,8 @@ class State(BaseModel):
     timing: Timing = Field(default_factory=Timing)
     usage: dict[str, int] = Field(default_factory=dict)
     started_at: float = Field(default_factory=time.time)
+    task: str | None = None  # the sub-environment a row belongs to (EnvGroup routing)
+    sandbox_id: str | None = None
     # Free-form per-rollout scratch space for environments (not serialized to records).
     scratch: dict[str, Any] = Field(default_factory=dict, exclude=True)
 

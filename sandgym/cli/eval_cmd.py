@@ -1,0 +1,189 @@
+"""`sandgym eval ENV`: run an environment with a model or an offline policy, save every
+rollout as it finishes, resume a killed run, and print a summary (or JSON)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+
+def _parse_env_args(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        if item.lstrip().startswith("{"):
+            out.update(json.loads(item))
+            continue
+        if "=" not in item:
+            raise typer.BadParameter(f"--env-arg wants KEY=VALUE or a JSON object, got {item!r}")
+        k, v = item.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def default_concurrency() -> int:
+    """Rollouts in flight: sandbox work is mostly waiting on the engine, so a few per core."""
+    from sandgym.sandboxes.spec import host_cpus
+
+    return max(2, min(16, 4 * host_cpus()))
+
+
+def eval_command(
+    env_name: str = typer.Argument(..., metavar="ENV", help="Environment: humaneval, humaneval_tools, tool_use, or a module path."),
+    num_examples: int = typer.Option(-1, "-n", "--num-examples", help="Examples to evaluate (-1: all)."),
+    rollouts: int = typer.Option(1, "-r", "--rollouts", help="Rollouts per example (pass@k up to this)."),
+    concurrency: Optional[int] = typer.Option(None, "-c", "--concurrency", help="Rollouts in flight (default: 4 per core, 2..16)."),
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="Model name at --base-url."),
+    base_url: Optional[str] = typer.Option(None, "--base-url", "-b", help="OpenAI-compatible base URL (e.g. http://127.0.0.1:8000/v1)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="API key (default: $OPENAI_API_KEY or EMPTY)."),
+    policy: Optional[str] = typer.Option(None, "--policy", "-p", help="Offline policy instead of a model: oracle or null."),
+    provider: str = typer.Option("docker", "--provider", help="Sandbox provider: docker, local or prime."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory (default: runs/eval-ENV-TIME)."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Resume the run in this directory: skip rollouts already recorded."),
+    env_arg: list[str] = typer.Option([], "--env-arg", "-a", help="KEY=VALUE (JSON value) or a JSON object for load_environment."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", "-t"),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens"),
+    timeout_s: float = typer.Option(600.0, "--request-timeout", help="Per model request timeout, seconds."),
+    max_retries: int = typer.Option(3, "--max-retries", help="Retries of a failed model request."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object, last on stdout."),
+    verbose: bool = typer.Option(False, "-v", "--verbose"),
+) -> None:
+    """Evaluate an environment; each rollout is appended to OUTPUT/results.jsonl as it finishes."""
+    import logging
+
+    import anyio
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    import envs
+    from sandgym.core.clients import OpenAIClient, get_policy
+    from sandgym.core.evaluation import META, run_eval
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    err = Console(stderr=True)
+    out_console = err if as_json else Console()
+
+    if policy and (model or base_url):
+        raise typer.BadParameter("give either --policy or --model/--base-url, not both")
+    if not policy and not base_url:
+        raise typer.BadParameter("give --base-url (and --model) for a model, or --policy oracle|null")
+    run_dir = resume or output
+    if resume is not None:
+        if not (resume / "results.jsonl").exists() and not (resume / META).exists():
+            raise typer.BadParameter(f"nothing to resume in {resume}")
+    if run_dir is None:
+        run_dir = Path("runs") / f"eval-{env_name.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+    env_kwargs = _parse_env_args(env_arg)
+    env = envs.load_environment(env_name, **env_kwargs)
+    conc = concurrency or env.max_concurrent or default_concurrency()
+    sampling: dict[str, Any] = {}
+    if temperature is not None:
+        sampling["temperature"] = temperature
+    if max_tokens is not None:
+        sampling["max_tokens"] = max_tokens
+    if policy:
+        client: Any = get_policy(policy, env)
+        model_name = policy
+    else:
+        client = OpenAIClient(base_url, api_key, timeout_s=timeout_s, max_retries=max_retries)
+        model_name = model or "default"
+
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("reward {task.fields[reward]:.3f}  errors {task.fields[errors]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=False,
+    )
+    totals = {"n": 0, "reward": 0.0, "errors": 0}
+    task_id = progress.add_task(env.name, total=None, reward=0.0, errors=0)
+
+    def on_start(total: int, done: int) -> None:
+        progress.update(task_id, total=total, completed=done)
+
+    def on_record(rec: dict[str, Any]) -> None:
+        totals["n"] += 1
+        totals["reward"] += float(rec.get("reward") or 0.0)
+        totals["errors"] += 1 if rec.get("error") else 0
+        progress.update(task_id, advance=1, reward=totals["reward"] / totals["n"], errors=totals["errors"])
+
+    async def main() -> dict[str, Any]:
+        try:
+            return await run_eval(
+                env,
+                client,
+                model_name,
+                output_dir=run_dir,
+                num_examples=num_examples,
+                rollouts_per_example=rollouts,
+                concurrency=conc,
+                sampling_args=sampling,
+                provider=provider,
+                meta={"policy": policy, "base_url": base_url, "provider": provider, "env_args": env_kwargs, "concurrency": conc, "argv": sys.argv[1:]},
+                on_start=on_start,
+                on_record=on_record,
+            )
+        finally:
+            if hasattr(client, "aclose"):
+                await client.aclose()
+            await env.close()
+
+    t0 = time.perf_counter()
+    with progress:
+        summary = anyio.run(main)
+    summary["command_wall_s"] = time.perf_counter() - t0
+    summary["policy"] = policy
+    summary["provider"] = provider
+    summary["concurrency"] = conc
+    _print_table(out_console, summary)
+    if as_json:
+        sys.stdout.write(json.dumps(summary, default=str) + "\n")
+        sys.stdout.flush()
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4f}" if abs(v) < 1000 else f"{v:.1f}"
+    return str(v)
+
+
+def _print_table(console: Any, s: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"sandgym eval: {s['env']} ({s['model']})", show_header=False)
+    t.add_column("", style="bold")
+    t.add_column("")
+    t.add_row("examples / rollouts", f"{s['num_examples']} / {s['num_rollouts']} (new {s['new_rollouts']}, resumed {s['resumed_rollouts']})")
+    t.add_row("reward mean (std)", f"{_fmt(s['reward_mean'])} ({_fmt(s['reward_std'])})")
+    t.add_row("passed", f"{s['passed']}/{s['num_rollouts']}")
+    for k, v in s["pass_at_k"].items():
+        t.add_row(f"pass@{k}", _fmt(v))
+    t.add_row("errors", f"{s['errors']} {s['error_kinds'] or ''}".strip())
+    timing = s["timing"]
+    t.add_row(
+        "mean time / rollout",
+        "  ".join(f"{k.removesuffix('_s_mean')} {_fmt(v)}s" for k, v in timing.items() if v is not None),
+    )
+    for m, v in s["metrics"].items():
+        t.add_row(f"metric {m}", _fmt(v))
+    t.add_row("wall time", f"{s['wall_s']:.2f}s ({_fmt(s['rollouts_per_s'])} rollouts/s)")
+    t.add_row("output", os.path.join(s["output_dir"], "results.jsonl"))
+    console.print(t)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_command)

@@ -1,0 +1,276 @@
+"""Model clients: the `openai` SDK's async client against any OpenAI-compatible base URL
+(asking vLLM for token ids and logprobs), and offline policies (`oracle`, `null`) that answer
+through the very same message shapes, so environments and rubrics run identically without
+a model."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import anyio
+from pydantic import BaseModel, Field
+
+from .state import Message, State, TurnTokens
+
+if TYPE_CHECKING:
+    from .environment import Environment
+
+log = logging.getLogger(__name__)
+
+
+class ModelError(RuntimeError):
+    """The model could not be reached or answered unusably after all retries."""
+
+
+class ModelResponse(BaseModel):
+    message: Message
+    tokens: TurnTokens | None = None
+    token_source: str | None = None
+    finish_reason: str | None = None
+    usage: dict[str, int] = Field(default_factory=dict)
+
+
+@runtime_checkable
+class ModelClient(Protocol):
+    name: str
+
+    async def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        model: str,
+        tools: Sequence[dict[str, Any]] | None = None,
+        sampling_args: Mapping[str, Any] | None = None,
+        state: State | None = None,
+    ) -> ModelResponse: ...
+
+
+def _get(obj: Any, key: str) -> Any:
+    """Field of an SDK object or dict, including fields the SDK's schema does not know
+    (vLLM's `prompt_token_ids` / `token_ids` arrive as pydantic extras)."""
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(key)
+    value = getattr(obj, key, None)
+    if value is None:
+        extra = getattr(obj, "model_extra", None) or {}
+        value = extra.get(key)
+    return value
+
+
+def extract_tokens(response: Any, choice: Any) -> tuple[TurnTokens | None, str | None]:
+    """Token ids and logprobs the server returned, in either vLLM form:
+    - `return_token_ids`: `prompt_token_ids` on the response (or choice), `token_ids` on
+      the choice; logprobs from `choice.logprobs.content[*].logprob`.
+    - `return_tokens_as_token_ids` only: each logprob entry's token is "token_id:N"; the
+      completion ids come from there and there are no prompt ids.
+    """
+    content = _get(_get(choice, "logprobs"), "content") or []
+    logprobs = [float(_get(e, "logprob")) for e in content]
+    prompt_ids = _get(response, "prompt_token_ids") or _get(choice, "prompt_token_ids")
+    completion_ids = _get(choice, "token_ids")
+    if completion_ids is not None:
+        return (
+            TurnTokens(prompt_ids=list(prompt_ids or []), completion_ids=list(completion_ids), completion_logprobs=logprobs),
+            "return_token_ids",
+        )
+    if content:
+        ids: list[int] = []
+        for e in content:
+            tok = str(_get(e, "token") or "")
+            if not tok.startswith("token_id:"):
+                return None, None  # text tokens only: we never re-tokenize
+            ids.append(int(tok.split(":", 1)[1]))
+        return TurnTokens(prompt_ids=list(prompt_ids or []), completion_ids=ids, completion_logprobs=logprobs), "logprobs"
+    return None, None
+
+
+def message_from_choice(choice: Any) -> Message:
+    msg = _get(choice, "message")
+    if msg is None:
+        raise ValueError("response choice has no message")
+    out: Message = {"role": "assistant", "content": _get(msg, "content")}
+    calls = _get(msg, "tool_calls") or []
+    if calls:
+        out["tool_calls"] = [
+            {
+                "id": _get(c, "id") or f"call_{i}",
+                "type": "function",
+                "function": {
+                    "name": _get(_get(c, "function"), "name") or "",
+                    "arguments": _get(_get(c, "function"), "arguments") or "",
+                },
+            }
+            for i, c in enumerate(calls)
+        ]
+    reasoning = _get(msg, "reasoning_content")
+    if reasoning:
+        out["reasoning_content"] = reasoning
+    return out
+
+
+class OpenAIClient:
+    """AsyncOpenAI with our own retry loop (5xx, 429, timeouts, connection errors and
+    malformed responses are retried with exponential backoff; other 4xx are not).
+
+    `request_tokens` asks the server for token ids and logprobs (vLLM's extra parameters).
+    A server that rejects those parameters with a 400 is asked again without them, once,
+    and the client remembers."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 600.0,
+        max_retries: int = 3,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        request_tokens: bool = True,
+        default_sampling_args: Mapping[str, Any] | None = None,
+    ) -> None:
+        from openai import AsyncOpenAI
+
+        self.base_url = base_url
+        self._client = AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY", timeout=timeout_s, max_retries=0)
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.request_tokens = request_tokens
+        self.default_sampling_args = dict(default_sampling_args or {})
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    def _request(self, messages: Sequence[Message], model: str, tools: Any, sampling_args: Mapping[str, Any] | None) -> dict[str, Any]:
+        args = {**self.default_sampling_args, **(sampling_args or {})}
+        extra_body = dict(args.pop("extra_body", None) or {})
+        kwargs: dict[str, Any] = {"model": model, "messages": list(messages), **args}
+        if tools:
+            kwargs["tools"] = list(tools)
+        if self.request_tokens:
+            kwargs.setdefault("logprobs", True)
+            extra_body.setdefault("return_tokens_as_token_ids", True)
+            extra_body.setdefault("return_token_ids", True)
+        if extra_body:
+            kwargs["extra_body"] = extra_body
+        return kwargs
+
+    @staticmethod
+    def _retryable(exc: BaseException) -> bool:
+        import openai
+
+        if isinstance(exc, openai.APIStatusError):
+            return exc.status_code >= 500 or exc.status_code in (408, 409, 429)
+        # Timeouts, connection failures, and bodies that are not the JSON we expect.
+        return isinstance(exc, (openai.APIConnectionError, openai.APIResponseValidationError, ValueError, TypeError, KeyError))
+
+    async def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        model: str,
+        tools: Sequence[dict[str, Any]] | None = None,
+        sampling_args: Mapping[str, Any] | None = None,
+        state: State | None = None,
+    ) -> ModelResponse:
+        import openai
+
+        attempt = 0
+        fell_back = False
+        while True:
+            try:
+                resp = await self._client.chat.completions.create(**self._request(messages, model, tools, sampling_args))
+                if isinstance(resp, (str, bytes)) or not getattr(resp, "choices", None):
+                    raise ValueError(f"malformed response: {str(resp)[:200]!r}")
+                choice = resp.choices[0]
+                message = message_from_choice(choice)
+                tokens, source = extract_tokens(resp, choice) if self.request_tokens else (None, None)
+                usage = {}
+                if resp.usage is not None:
+                    usage = {"prompt_tokens": resp.usage.prompt_tokens or 0, "completion_tokens": resp.usage.completion_tokens or 0}
+                return ModelResponse(message=message, tokens=tokens, token_source=source, finish_reason=choice.finish_reason, usage=usage)
+            except openai.BadRequestError as exc:
+                if self.request_tokens and not fell_back and _mentions_token_params(exc):
+                    log.warning("server rejected token-id parameters; continuing without token ids: %s", exc)
+                    self.request_tokens = False
+                    fell_back = True
+                    continue
+                raise ModelError(f"model request rejected: {exc}") from exc
+            except Exception as exc:
+                if not self._retryable(exc) or attempt >= self.max_retries:
+                    raise ModelError(f"model call failed after {attempt + 1} attempt(s): {type(exc).__name__}: {exc}") from exc
+                delay = min(self.max_backoff_s, self.backoff_s * 2**attempt) * (0.5 + random.random() / 2)
+                log.info("model call failed (%s); retry %d/%d in %.2fs", type(exc).__name__, attempt + 1, self.max_retries, delay)
+                attempt += 1
+                await anyio.sleep(delay)
+
+
+def _mentions_token_params(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return any(p in text for p in ("return_token", "logprobs", "extra", "unrecognized", "unexpected"))
+
+
+class OraclePolicy:
+    """Answers with the dataset's reference solution, through the environment's own message
+    shapes (tool calls included): each call asks `env.oracle_response(messages, state)`."""
+
+    name = "oracle"
+
+    def __init__(self, env: Environment) -> None:
+        self.env = env
+
+    async def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        model: str = "oracle",
+        tools: Sequence[dict[str, Any]] | None = None,
+        sampling_args: Mapping[str, Any] | None = None,
+        state: State | None = None,
+    ) -> ModelResponse:
+        if state is None:
+            raise ValueError("the oracle policy needs the rollout state")
+        message = await self.env.oracle_response(list(messages), state)
+        calls = message.get("tool_calls")
+        return ModelResponse(message=message, finish_reason="tool_calls" if calls else "stop")
+
+
+class NullPolicy:
+    """Answers with nothing useful: a fixed refusal, never a tool call."""
+
+    name = "null"
+    TEXT = "I don't know."
+
+    async def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        model: str = "null",
+        tools: Sequence[dict[str, Any]] | None = None,
+        sampling_args: Mapping[str, Any] | None = None,
+        state: State | None = None,
+    ) -> ModelResponse:
+        return ModelResponse(message={"role": "assistant", "content": self.TEXT}, finish_reason="stop")
+
+
+POLICIES = ("oracle", "null")
+
+
+def get_policy(name: str, env: Environment) -> ModelClient:
+    if name == "oracle":
+        return OraclePolicy(env)
+    if name == "null":
+        return NullPolicy()
+    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,226 @@
+"""Evaluation runs: roll out an environment over its eval rows, append every finished rollout
+to `results.jsonl` at once (flushed and fsynced, so a killed run loses nothing), resume a
+run by skipping the (example_id, rollout_index) pairs already recorded, and summarise
+(reward mean, unbiased pass@k, errors, timing)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from .clients import ModelClient
+from .environment import Environment
+from .state import State
+from .stats import ks_for, pass_at_k
+
+RESULTS = "results.jsonl"
+META = "meta.json"
+SUMMARY = "summary.json"
+
+
+def record_of(state: State) -> dict[str, Any]:
+    return state.model_dump(mode="json")
+
+
+class RecordLog:
+    """Append-only JSONL of rollout records. Each line is written whole with one write(2),
+    then flushed and fsynced; a line cut short by a kill is dropped (and the file repaired)
+    when the log is reopened."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.records: dict[tuple[int, int], dict[str, Any]] = {}
+        if path.exists():
+            self._load_and_repair()
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def _load_and_repair(self) -> None:
+        good: list[str] = []
+        dirty = False
+        with open(self.path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.endswith("\n"):
+                    dirty = True  # a partial last line from a killed run
+                    continue
+                try:
+                    rec = json.loads(line)
+                    key = (int(rec["example_id"]), int(rec["rollout_index"]))
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                    dirty = True
+                    continue
+                if key in self.records:
+                    dirty = True
+                    continue
+                self.records[key] = rec
+                good.append(line)
+        if dirty:
+            tmp = self.path.with_suffix(".jsonl.tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.writelines(good)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+
+    def done(self) -> set[tuple[int, int]]:
+        return set(self.records)
+
+    def append(self, record: dict[str, Any]) -> None:
+        key = (int(record["example_id"]), int(record["rollout_index"]))
+        if key in self.records:
+            return
+        line = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode()
+        os.write(self._fd, line)
+        os.fsync(self._fd)
+        self.records[key] = record
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _mean(xs: Iterable[float]) -> float | None:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize(records: Iterable[Mapping[str, Any]], *, pass_threshold: float = 1.0) -> dict[str, Any]:
+    recs = list(records)
+    rewards = [float(r.get("reward") or 0.0) for r in recs]
+    by_example: dict[int, list[float]] = defaultdict(list)
+    for r, rew in zip(recs, rewards):
+        by_example[int(r["example_id"])].append(rew)
+    passk: dict[str, float] = {}
+    if by_example:
+        n_min = min(len(v) for v in by_example.values())
+        for k in ks_for(n_min):
+            vals = [pass_at_k(len(v), sum(1 for x in v if x >= pass_threshold - 1e-9), k) for v in by_example.values()]
+            passk[str(k)] = sum(vals) / len(vals)
+    errors = [r for r in recs if r.get("error")]
+    timing_keys = ("setup_s", "model_s", "tools_s", "scoring_s", "total_s")
+    timing = {f"{k}_mean": _mean(float((r.get("timing") or {}).get(k) or 0.0) for r in recs) for k in timing_keys}
+    metric_names = sorted({m for r in recs for m in (r.get("metrics") or {})})
+    metrics = {m: _mean(float(r["metrics"][m]) for r in recs if m in (r.get("metrics") or {})) for m in metric_names}
+    std = math.sqrt(sum((x - (_mean(rewards) or 0.0)) ** 2 for x in rewards) / len(rewards)) if rewards else None
+    error_kinds: dict[str, int] = defaultdict(int)
+    for r in errors:
+        error_kinds[str(r["error"]).split(":", 1)[0]] += 1
+    return {
+        "num_examples": len(by_example),
+        "num_rollouts": len(recs),
+        "reward_mean": _mean(rewards),
+        "reward_std": std,
+        "passed": sum(1 for x in rewards if x >= pass_threshold - 1e-9),
+        "pass_at_k": passk,
+        "errors": len(errors),
+        "error_kinds": dict(error_kinds),
+        "timing": timing,
+        "metrics": metrics,
+        "usage": {
+            "prompt_tokens": sum(int((r.get("usage") or {}).get("prompt_tokens", 0)) for r in recs),
+            "completion_tokens": sum(int((r.get("usage") or {}).get("completion_tokens", 0)) for r in recs),
+        },
+    }
+
+
+async def run_eval(
+    env: Environment,
+    client: ModelClient,
+    model: str,
+    *,
+    output_dir: str | os.PathLike[str],
+    num_examples: int | None = None,
+    rollouts_per_example: int = 1,
+    concurrency: int = 4,
+    sampling_args: Mapping[str, Any] | None = None,
+    provider: Any = "docker",
+    max_sandboxes: int | None = None,
+    warm: bool = True,
+    meta: Mapping[str, Any] | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run (or resume, when `output_dir` holds a results file) an evaluation; returns the
+    summary over every record in the file. Group rewards, when the rubric has any, are
+    applied once a group's rollouts are all done, so those groups are recorded together."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    log = RecordLog(out / RESULTS)
+    rows = env.rows(num_examples)
+    todo = [(row, i) for row in rows for i in range(rollouts_per_example) if (int(row["example_id"]), i) not in log.done()]
+    wanted = {(int(row["example_id"]), i) for row in rows for i in range(rollouts_per_example)}
+    already = len(wanted & log.done())
+    if on_start:
+        on_start(len(wanted), already)
+    meta_doc = {
+        "env": env.name,
+        "model": model,
+        "num_examples": num_examples,
+        "rollouts_per_example": rollouts_per_example,
+        "sampling_args": dict(sampling_args or {}),
+        **dict(meta or {}),
+    }
+    (out / META).write_text(json.dumps(meta_doc, indent=2, default=str))
+    grouped = bool(env.rubric.group_funcs)
+    limit = anyio.CapacityLimiter(max(1, concurrency))
+    t0 = time.perf_counter()
+
+    def emit(state: State) -> None:
+        rec = record_of(state)
+        log.append(rec)
+        if on_record:
+            on_record(rec)
+
+    async def one(row: Mapping[str, Any], i: int, sink: list[State] | None) -> None:
+        async with limit:
+            state = await env.rollout(client, model, row, i, sampling_args)
+        if sink is None:
+            emit(state)
+        else:
+            sink.append(state)
+
+    async def group(row: Mapping[str, Any], indices: list[int]) -> None:
+        states: list[State] = []
+        async with anyio.create_task_group() as tg:
+            for i in indices:
+                tg.start_soon(one, row, i, states)
+        await env.score_group(states)
+        for s in sorted(states, key=lambda s: s.rollout_index):
+            emit(s)
+
+    n_sb = max_sandboxes or max(1, concurrency)
+    try:
+        async with env.sandbox_session(provider, max_sandboxes=n_sb, warm=min(n_sb, len(todo)) if warm else 0):
+            async with anyio.create_task_group() as tg:
+                if grouped:
+                    pending: dict[int, tuple[Mapping[str, Any], list[int]]] = {}
+                    for row, i in todo:
+                        pending.setdefault(int(row["example_id"]), (row, []))[1].append(i)
+                    for row, indices in pending.values():
+                        tg.start_soon(group, row, indices)
+                else:
+                    for row, i in todo:
+                        tg.start_soon(one, row, i, None)
+    finally:
+        log.close()
+    wall = time.perf_counter() - t0
+    records = [r for k, r in log.records.items() if k in wanted]
+    summary = {
+        "env": env.name,
+        "model": model,
+        "rollouts_per_example": rollouts_per_example,
+        **summarize(records, pass_threshold=env.pass_threshold),
+        "new_rollouts": len(todo),
+        "resumed_rollouts": already,
+        "wall_s": wall,
+        "rollouts_per_s": (len(todo) / wall) if wall > 0 else None,
+        "output_dir": str(out),
+    }
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2, default=str))
+    return summary

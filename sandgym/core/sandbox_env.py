@@ -1,0 +1,132 @@
+"""SandboxEnv (a `bash` tool in a sandbox) and PythonEnv (a persistent Python REPL in it).
+
+One sandbox per rollout, from the bound SandboxManager, acquired in `setup_state` and always
+released by a `@cleanup` method after scoring (so reward functions can still use it)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from sandgym.sandboxes.errors import SandboxError, SandboxGoneError
+from sandgym.sandboxes.result import ExecResult
+from sandgym.sandboxes.spec import SandboxSpec
+
+from .decorators import cleanup
+from .repl_script import REPL_PATH, REPL_SOURCE
+from .state import State
+from .tools import StatefulToolEnv
+
+log = logging.getLogger(__name__)
+
+
+async def checked_exec(sandbox: Any, cmd: str | list[str], *, timeout: float, stdin: str | bytes | None = None) -> ExecResult:
+    """exec that turns a vanished sandbox into SandboxGoneError (the rollout's error, not a
+    tool result the model would see)."""
+    try:
+        result = await sandbox.exec(cmd, timeout=timeout, stdin=stdin)
+    except SandboxError:
+        raise
+    except Exception as exc:
+        raise SandboxGoneError(f"exec in sandbox {sandbox.id} failed: {type(exc).__name__}: {exc}") from exc
+    if result.exit_code != 0 and not result.timed_out and not await sandbox.alive():
+        raise SandboxGoneError(f"sandbox {sandbox.id} is gone (exit {result.exit_code}: {result.stderr[-300:]})")
+    return result
+
+
+def format_exec(result: ExecResult, *, timeout: float) -> str:
+    parts = []
+    if result.stdout:
+        parts.append(result.stdout.rstrip("\n"))
+    if result.stderr:
+        parts.append("stderr:\n" + result.stderr.rstrip("\n"))
+    if result.timed_out:
+        parts.append(f"[command timed out after {timeout:g}s]")
+    elif result.oom_killed:
+        parts.append("[killed: out of memory]")
+    elif result.exit_code != 0:
+        parts.append(f"[exit code {result.exit_code}]")
+    if result.truncated:
+        parts.append("[output truncated]")
+    return "\n".join(parts) or "(no output)"
+
+
+class SandboxEnv(StatefulToolEnv):
+    """A `bash` tool running in this rollout's own sandbox."""
+
+    def __init__(self, *args: Any, sandbox_spec: SandboxSpec | None = None, command_timeout_s: float = 30.0, **kwargs: Any) -> None:
+        super().__init__(*args, sandbox_spec=sandbox_spec or SandboxSpec(), **kwargs)
+        self.command_timeout_s = command_timeout_s
+        self.add_tool(self.bash, args_to_skip=["sandbox"])
+
+    async def setup_state(self, state: State) -> None:
+        await super().setup_state(state)
+        assert self.sandbox_spec is not None
+        sb = await self.require_sandboxes().acquire(self.sandbox_spec)
+        state.scratch["sandbox"] = sb
+        state.sandbox_id = sb.id
+        await self.setup_sandbox(sb, state)
+
+    async def setup_sandbox(self, sandbox: Any, state: State) -> None:
+        """Per-rollout preparation inside the fresh sandbox (files, setup commands)."""
+
+    @cleanup
+    async def release_sandbox(self, state: State) -> None:
+        sb = state.scratch.pop("sandbox", None)
+        if sb is not None and self.sandboxes is not None:
+            await self.sandboxes.release(sb)
+
+    async def bash(self, command: str, sandbox: Any) -> str:
+        """Run a bash command in the sandbox and return its output.
+
+        Args:
+            command: The command line to run (bash syntax).
+        """
+        result = await checked_exec(sandbox, command, timeout=self.command_timeout_s)
+        return format_exec(result, timeout=self.command_timeout_s)
+
+
+class PythonEnv(SandboxEnv):
+    """A `python` tool: a persistent REPL in the rollout's sandbox (variables survive between
+    calls; a crash or timeout is reported and the REPL restarted). `bash` is kept when
+    `with_bash` is set."""
+
+    def __init__(self, *args: Any, with_bash: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not with_bash:
+            self.tools.pop("bash", None)
+            self.skipped_args.pop("bash", None)
+            self.tool_schemas = [s for s in self.tool_schemas if s["function"]["name"] != "bash"]
+        self.add_tool(self.python, args_to_skip=["sandbox"])
+
+    async def setup_sandbox(self, sandbox: Any, state: State) -> None:
+        await super().setup_sandbox(sandbox, state)
+        await sandbox.write_file(REPL_PATH, REPL_SOURCE)
+
+    async def python(self, code: str, sandbox: Any) -> str:
+        """Run Python code in a persistent interpreter; variables, functions and imports stay
+        defined between calls. The value of a final expression is printed.
+
+        Args:
+            code: Python source to execute.
+        """
+        t = self.command_timeout_s
+        result = await checked_exec(sandbox, ["python3", REPL_PATH, "client", str(t)], timeout=t + 20, stdin=code)
+        try:
+            reply = json.loads(result.stdout.strip().splitlines()[-1])
+        except (json.JSONDecodeError, IndexError):
+            return "Error: the Python tool failed:\n" + format_exec(result, timeout=t)
+        parts = []
+        if reply.get("restarted"):
+            parts.append("[the Python REPL had stopped and was restarted: earlier variables are gone]")
+        if reply.get("stdout"):
+            parts.append(reply["stdout"].rstrip("\n"))
+        if reply.get("stderr"):
+            parts.append(reply["stderr"].rstrip("\n"))
+        status = reply.get("status")
+        if status == "timeout":
+            parts.append(f"TimeoutError: execution exceeded {t:g}s; the REPL was restarted and its variables are lost.")
+        elif status == "crashed":
+            parts.append("Error: the Python REPL crashed; it will be restarted on the next call and its variables are lost.")
+        return "\n".join(parts) or "(no output)"
