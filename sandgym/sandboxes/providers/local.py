@@ -1,0 +1,509 @@
+"""The `local` provider: sandboxes without a daemon, as subprocesses in a temp directory.
+
+Each sandbox is a directory `<root>/<id>/` (root: $SANDGYM_LOCAL_ROOT or
+`$TMPDIR/sandgym-local`) holding `meta.json` (labels: owner, pid, host, ...; how it was
+made) and `fs/`, which holds `work/` (spec.workdir), `tmp/` (/tmp) and `home/`
+(/home/sandbox, $HOME). `list()` reads the meta files, so `prune` finds sandboxes of
+dead processes, and `remove(id)` can end them from any process. spec.image is ignored.
+
+Isolation, strongest first (`LocalProvider(isolation="auto")` takes what works; probe
+results are in `LocalProvider.capabilities`):
+
+* bubblewrap (`bwrap`), when it can create user namespaces here: every exec runs in new
+  user, pid, ipc, uts (and, unless spec.network, net) namespaces, as uid 1000 ("sandbox";
+  uid 0 for spec.user="root", still unprivileged on the host), with the host's /usr,
+  /bin, /lib*, /etc read-only (passwd/group replaced), a fresh /proc and /dev, the root
+  read-only, and only fs/work, fs/tmp, fs/home writable, at spec.workdir, /tmp and
+  /home/sandbox. No network but a private loopback unless spec.network (then the host's
+  network, loopback services included). --die-with-parent and --new-session.
+* When we are root, each sandbox also gets its own unprivileged host uid (from
+  `uid_base`), so a process that escapes its namespaces is nobody on the host,
+  RLIMIT_NPROC binds (it does not bind root), and every process of the sandbox can be
+  found by uid.
+* cgroup v1 (root): memory (memory+swap = memory_mb; over it the kernel OOM-kills, and the
+  exec reports exit 137 with oom_killed=True, like docker), pids (pids.max = spec.pids),
+  cpu (CFS quota = spec.cpu cores). Groups nest under the caller's own cgroup.
+* tmpfs (root): fs/ is a tmpfs of disk_mb (work, tmp and home share it; like docker's
+  tmpfs it is memory and is charged to the sandbox's memory group when written inside).
+* rlimits, always: RLIMIT_FSIZE = disk_mb (per file), RLIMIT_CORE = 0, RLIMIT_CPU as a
+  backstop past the timeout; RLIMIT_NPROC = pids when it can bind (own uid, or inside
+  the user namespace via prlimit); RLIMIT_DATA = memory_mb only without a memory cgroup
+  (a memory bomb then fails to allocate, e.g. Python's MemoryError, exit 1; oom_killed
+  stays False because nothing can tell an allocation failure from a bug).
+
+What it does NOT stop, even with everything above:
+* It shares the host kernel: a kernel exploit escapes (as with docker without gVisor).
+* /usr and /etc of the host are readable (world-readable files only: the sandbox uid is
+  unprivileged), so host configuration is visible.
+* With spec.network=True the sandbox is on the host's network, loopback included.
+* Without cgroups: no CPU limit (rlimits cannot express fractions of a core); memory is
+  limited per process via RLIMIT_DATA, not per sandbox; the process count only by
+  RLIMIT_NPROC where it binds.
+* Each exec is its own pid namespace: background processes end when the command
+  exits (docker keeps them). Files persist between execs; processes do not.
+* Without bwrap ("plain" mode, warned loudly once per process): commands run as plain
+  subprocesses with cwd in fs/work, a clean environment and the rlimits; there is NO
+  filesystem isolation (the whole host is readable, and writable where the uid may), NO
+  network isolation, and spec.workdir is not a real path for the command (its cwd and
+  $HOME, $TMPDIR point into the sandbox dir). As root, the sandbox still runs as its own
+  unprivileged uid. A process that calls setsid() escapes the timeout kill (close()
+  still ends it when cgroups or the private uid can find it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import posixpath
+import re
+import resource
+import secrets
+import shutil
+import socket
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Literal, TypeVar
+
+import anyio
+from pydantic import BaseModel, Field
+
+from ..base import Command, Sandbox, as_bytes, shell_argv
+from ..errors import SandboxCreateError, SandboxError, SandboxGoneError, SpecError
+from ..result import ExecResult, SandboxInfo
+from ..spec import LABEL_HOST, LABEL_PID, SandboxSpec, host_cpus
+from .local_cgroup import CgroupSet, kill_until_gone, pids_of_uid
+from .local_exec import Launch, run_process
+from .local_fs import SandboxFS
+from .local_probe import (
+    LocalCapabilities,
+    capabilities,
+    is_mountpoint,
+    mount_tmpfs,
+    system_binds,
+    umount,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+Isolation = Literal["auto", "bwrap", "none"]
+
+SANDBOX_UID = 1000  # the sandbox user inside bwrap (like the images' `sandbox` user)
+HOME = "/home/sandbox"
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEFAULT_UID_BASE = 1_610_000_000  # far above any real or subuid range
+DEFAULT_UID_COUNT = 1_000_000
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# Sandbox working dirs must be creatable mount points, not inside a read-only host dir.
+_SYSTEM_PREFIXES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc", "/dev")
+
+WEAK_ISOLATION_MESSAGE = (
+    "sandgym local provider: bubblewrap is not usable here ({why}); sandboxes run as PLAIN "
+    "SUBPROCESSES with rlimits only: NO filesystem isolation and NO network isolation. "
+    "Do not run untrusted code this way; install bubblewrap or use the docker provider."
+)
+_warned = False
+
+
+class WeakIsolationWarning(RuntimeWarning):
+    """The local provider is running commands without namespaces."""
+
+
+def _warn_weak(why: str) -> None:
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    msg = WEAK_ISOLATION_MESSAGE.format(why=why)
+    log.warning(msg)
+    warnings.warn(msg, WeakIsolationWarning, stacklevel=3)
+
+
+class LocalMeta(BaseModel):
+    """meta.json: everything needed to find, list and remove the sandbox later."""
+
+    id: str
+    created_at: float
+    labels: dict[str, str] = Field(default_factory=dict)
+    image: str = ""
+    mode: Literal["bwrap", "plain"]
+    uid: int | None = None  # private host uid (root only)
+    cgroups: dict[str, str] = Field(default_factory=dict)
+    mounted: bool = False
+    spec: dict = Field(default_factory=dict)
+
+
+def default_root() -> str:
+    return os.environ.get("SANDGYM_LOCAL_ROOT") or os.path.join(tempfile.gettempdir(), "sandgym-local")
+
+
+class LocalProvider:
+    """Sandboxes as local subprocesses; see the module docstring for what is isolated."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | None = None,
+        *,
+        isolation: Isolation = "auto",
+        uid_base: int = DEFAULT_UID_BASE,
+        uid_count: int = DEFAULT_UID_COUNT,
+    ) -> None:
+        if isolation not in ("auto", "bwrap", "none"):
+            raise ValueError(f"isolation must be auto, bwrap or none, got {isolation!r}")
+        self.root = Path(root or default_root())
+        self.isolation: Isolation = isolation
+        self.uid_base = uid_base
+        self.uid_count = uid_count
+
+    # ---- capabilities ----------------------------------------------------------------
+
+    @property
+    def capabilities(self) -> LocalCapabilities:
+        # Probe bwrap as the kind of uid sandboxes will use (a private one when root).
+        return capabilities(self.uid_base - 1 if os.geteuid() == 0 else None)
+
+    @property
+    def mode(self) -> Literal["bwrap", "plain"]:
+        if self.isolation == "none":
+            return "plain"
+        caps = self.capabilities
+        if caps.bwrap:
+            return "bwrap"
+        if self.isolation == "bwrap":
+            raise SandboxCreateError(f"isolation='bwrap' was asked for but {caps.bwrap_error}")
+        return "plain"
+
+    def check(self, spec: SandboxSpec) -> None:
+        if spec.gpus > 0:
+            raise SpecError(f"gpus={spec.gpus}: GPUs are not supported by the local provider (use docker)")
+        wd = spec.workdir
+        if wd == "/" or any(wd == p or wd.startswith(p + "/") for p in _SYSTEM_PREFIXES):
+            raise SpecError(f"workdir={wd!r}: the local provider needs a workdir outside / and the system dirs")
+        if spec.user not in (None, "sandbox", str(SANDBOX_UID), "root", "0"):
+            raise SpecError(f"user={spec.user!r}: the local provider runs as 'sandbox' (uid 1000) or 'root'")
+        if spec.user in ("root", "0") and self.mode == "plain":
+            raise SpecError("user='root': cannot run as root without bubblewrap (plain mode)")
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec, labels: Mapping[str, str]) -> "LocalSandbox":
+        self.check(spec)
+        mode = self.mode
+        if mode == "plain":
+            why = "isolation='none'" if self.isolation == "none" else str(self.capabilities.bwrap_error)
+            _warn_weak(why)
+        all_labels = {**spec.labels, **labels}
+        all_labels.setdefault(LABEL_PID, str(os.getpid()))
+        all_labels.setdefault(LABEL_HOST, socket.gethostname())
+        return await anyio.to_thread.run_sync(self._create_sync, spec, all_labels, mode)
+
+    def _create_sync(self, spec: SandboxSpec, labels: dict[str, str], mode: str) -> "LocalSandbox":
+        caps = self.capabilities
+        self.root.mkdir(parents=True, exist_ok=True)
+        if caps.root:
+            os.chmod(self.root, 0o711)  # private uids must traverse it to reach their fs/
+            _check_traversable(self.root)
+        (self.root / ".uids").mkdir(mode=0o700, exist_ok=True)
+        sid = "local-" + secrets.token_hex(8)
+        d = self.root / sid
+        d.mkdir(mode=0o711)
+        meta = LocalMeta(
+            id=sid, created_at=time.time(), labels=labels, image=spec.image, mode=mode,  # type: ignore[arg-type]
+            spec=spec.model_dump(mode="json"),
+        )  # fmt: skip
+        try:
+            self._write_meta(d, meta)  # first, so a crash below still leaves it removable
+            if caps.root:
+                meta.uid = self._claim_uid(sid)
+            if caps.cgroups:
+                cg = CgroupSet.create(
+                    caps.cgroups, sid, memory_mb=spec.memory_mb, pids=spec.pids, cpu=spec.cpu
+                )  # fmt: skip
+                meta.cgroups = cg.paths
+            fs = d / "fs"
+            fs.mkdir(mode=0o711)
+            if caps.tmpfs:
+                self._write_meta(d, meta.model_copy(update={"mounted": True}))
+                mount_tmpfs(str(fs), spec.disk_mb << 20)
+                meta.mounted = True
+            for sub in ("work", "tmp", "home"):
+                p = fs / sub
+                p.mkdir(mode=0o755)
+                if meta.uid is not None:
+                    os.chown(p, meta.uid, meta.uid)
+            (d / "etc").mkdir(mode=0o755)
+            (d / "etc" / "passwd").write_text(
+                "root:x:0:0:root:/root:/bin/bash\n"
+                f"sandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:{HOME}:/bin/bash\n"
+                "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            )
+            (d / "etc" / "group").write_text(
+                f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\nnogroup:x:65534:\n"
+            )
+            self._write_meta(d, meta)
+        except BaseException as e:
+            self._remove_sync(sid)
+            if isinstance(e, OSError):
+                raise SandboxCreateError(f"local sandbox setup failed: {e}") from e
+            raise
+        return LocalSandbox(self, spec, meta, d, caps)
+
+    def _write_meta(self, d: Path, meta: LocalMeta) -> None:
+        tmp = d / "meta.json.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(meta.model_dump_json())
+        os.replace(tmp, d / "meta.json")
+
+    def _claim_uid(self, sid: str) -> int:
+        """A host uid no other live sandbox holds (lock files under <root>/.uids)."""
+        for _ in range(1000):
+            uid = self.uid_base + secrets.randbelow(self.uid_count)
+            try:
+                fd = os.open(self.root / ".uids" / str(uid), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(sid)
+            return uid
+        raise SandboxCreateError("no free private uid for a local sandbox")
+
+    async def list(self, labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
+        return await anyio.to_thread.run_sync(self._list_sync, dict(labels or {}))
+
+    def _list_sync(self, want: dict[str, str]) -> list[SandboxInfo]:
+        out: list[SandboxInfo] = []
+        if not self.root.is_dir():
+            return out
+        for d in sorted(self.root.iterdir()):
+            if not _ID.match(d.name) or not d.is_dir():
+                continue
+            meta = _read_meta(d)
+            if meta is None:
+                continue
+            if any(meta.labels.get(k) != v for k, v in want.items()):
+                continue
+            out.append(
+                SandboxInfo(
+                    id=meta.id, provider=self.name, image=meta.image, status="running",
+                    labels=meta.labels, created_at=meta.created_at,
+                )  # fmt: skip
+            )
+        return out
+
+    async def remove(self, sandbox_id: str) -> None:
+        if not _ID.match(sandbox_id):
+            raise SandboxError(f"invalid local sandbox id {sandbox_id!r}")
+        await anyio.to_thread.run_sync(self._remove_sync, sandbox_id)
+
+    def _remove_sync(self, sid: str) -> None:
+        """Kill every process of the sandbox, drop its cgroups and tmpfs, delete it."""
+        d = self.root / sid
+        if not d.exists():
+            return
+        meta = _read_meta(d)
+        cg = CgroupSet(meta.cgroups if meta else {})
+        uid = meta.uid if meta else None
+        kill_until_gone(lambda: cg.procs() | (pids_of_uid(uid) if uid is not None else set()), 10.0)
+        cg.destroy()
+        fs = str(d / "fs")
+        if (meta is None or meta.mounted) and is_mountpoint(fs):
+            with contextlib.suppress(OSError):
+                umount(fs)
+        shutil.rmtree(d, ignore_errors=True)  # fd-based on Linux: safe against symlink games
+        if uid is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.root / ".uids" / str(uid))
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _check_traversable(root: Path) -> None:
+    """bwrap runs as the sandbox's unprivileged uid and must reach <root>/<id>/fs."""
+    for p in [root, *root.parents]:
+        if not os.stat(p).st_mode & 0o001:
+            raise SandboxCreateError(
+                f"local sandbox root {root} is not reachable by unprivileged uids: {p} lacks o+x; "
+                "pick another root (SANDGYM_LOCAL_ROOT) or chmod o+x it"
+            )
+
+
+def _read_meta(d: Path) -> LocalMeta | None:
+    try:
+        return LocalMeta.model_validate_json((d / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class LocalSandbox(Sandbox):
+    """One local sandbox. Paths: spec.workdir, /tmp and /home/sandbox (bwrap) map onto
+    <dir>/fs/{work,tmp,home}; see local_fs for the rules."""
+
+    provider = "local"
+
+    def __init__(
+        self, owner: LocalProvider, spec: SandboxSpec, meta: LocalMeta, path: Path, caps: LocalCapabilities
+    ) -> None:
+        self.id = meta.id
+        self.spec = spec
+        self.meta = meta
+        self.path = path
+        self.mode = meta.mode
+        self._owner = owner
+        self._closed = False
+        self._cg = CgroupSet(meta.cgroups)
+        fs = path / "fs"
+        self.host_dirs = {"work": str(fs / "work"), "tmp": str(fs / "tmp"), "home": str(fs / "home")}
+        wd = spec.workdir
+        if self.mode == "bwrap":
+            mounts = [(wd, self.host_dirs["work"])]
+            if wd != "/tmp":
+                mounts.append(("/tmp", self.host_dirs["tmp"]))
+            if wd != HOME:
+                mounts.append((HOME, self.host_dirs["home"]))
+            self._home, self._tmp = HOME if wd != HOME else wd, "/tmp"
+        else:
+            mounts = [(wd, self.host_dirs["work"])] + [(h, h) for h in self.host_dirs.values()]
+            self._home, self._tmp = self.host_dirs["home"], self.host_dirs["tmp"]
+        self.mounts = mounts
+        self._fs = SandboxFS(mounts, meta.uid, meta.uid)
+        self._nproc_wrap: list[str] = []
+        self._launch, self._prefix = self._plan(caps)
+
+    def _plan(self, caps: LocalCapabilities) -> tuple[Launch, list[str]]:
+        spec, uid = self.spec, self.meta.uid
+        rl: list[tuple[int, int, int]] = [(resource.RLIMIT_CORE, 0, 0)]
+        fsize = spec.disk_mb << 20
+        rl.append((resource.RLIMIT_FSIZE, fsize, fsize))
+        if not self._cg.has_memory:
+            mem = spec.memory_mb << 20
+            rl.append((resource.RLIMIT_DATA, mem, mem))
+        nproc_inside = False
+        if uid is not None:  # a private uid: RLIMIT_NPROC counts exactly this sandbox
+            rl.append((resource.RLIMIT_NPROC, spec.pids, spec.pids))
+        elif self.mode == "bwrap" and caps.prlimit and not self._cg.has_pids:
+            nproc_inside = True  # inside the user namespace it counts only the sandbox
+        launch = Launch(tuple(self._cg.procs_files()), tuple(rl), uid, uid)
+        if self.mode != "bwrap":
+            return launch, []
+        assert caps.bwrap is not None
+        inner_uid = "0" if spec.user in ("root", "0") else str(SANDBOX_UID)
+        p = [
+            caps.bwrap, "--unshare-user", "--uid", inner_uid, "--gid", inner_uid,
+            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+        ]  # fmt: skip
+        if not spec.network:
+            p.append("--unshare-net")
+        p += ["--hostname", "sandbox", "--die-with-parent", "--new-session", *system_binds()]
+        etc = self.path / "etc"
+        p += ["--ro-bind", str(etc / "passwd"), "/etc/passwd", "--ro-bind", str(etc / "group"), "/etc/group"]
+        p += ["--proc", "/proc", "--dev", "/dev"]
+        # Parents before children, so a workdir under /tmp lands inside the /tmp bind.
+        for view, host in sorted(self.mounts, key=lambda m: m[0].count("/")):
+            p += ["--bind", host, view]
+        p += ["--dir", "/var", "--symlink", "../tmp", "/var/tmp", "--remount-ro", "/"]
+        if nproc_inside:
+            self._nproc_wrap = [caps.prlimit, f"--nproc={spec.pids}:{spec.pids}", "--"]
+        return launch, p
+
+    def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        user = "root" if self.spec.user in ("root", "0") else "sandbox"
+        base = {
+            "PATH": PATH, "HOME": self._home, "USER": user, "LOGNAME": user,
+            "LANG": "C.UTF-8", "SHELL": "/bin/bash", "TMPDIR": self._tmp,
+            "SANDGYM_SANDBOX_ID": self.id,
+        }  # fmt: skip
+        return {**base, **self.spec.env, **(env or {})}
+
+    def _host_path(self, view: str) -> str | None:
+        """Plain mode: where a sandbox path is on the host (lexical; the process resolving
+        it runs as the sandbox uid, so no safety walk is needed)."""
+        for prefix, host in sorted(self.mounts, key=lambda m: len(m[0]), reverse=True):
+            if view == prefix or view.startswith(prefix.rstrip("/") + "/"):
+                return host + view[len(prefix) :]
+        return None
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+    ) -> ExecResult:
+        if self._closed:
+            raise SandboxGoneError(f"sandbox {self.id} is closed")
+        argv = shell_argv(cmd)
+        timeout = float(timeout if timeout is not None else self.spec.exec_timeout_s)
+        where = posixpath.normpath(self.resolve(cwd)) if cwd else self.spec.workdir
+        full_env = self._env(env)
+        if self.mode == "bwrap":
+            full_argv = [*self._prefix, "--chdir", where, "--", *self._nproc_wrap, *argv]
+            host_cwd = "/"
+        else:
+            full_argv = argv
+            host_cwd = self._host_path(where) or where
+            full_env["PWD"] = host_cwd
+            if not os.path.isdir(host_cwd):
+                msg = f"cannot change directory to {where}: no such directory\n".encode()
+                return ExecResult(exit_code=1, stderr_bytes=msg, output_limit=self.spec.output_limit_bytes)
+        result = await run_process(
+            full_argv,
+            env=full_env,
+            cwd=host_cwd,
+            stdin=as_bytes(stdin) if stdin is not None else None,
+            timeout=timeout,
+            limit=self.spec.output_limit_bytes,
+            launch=self._launch,
+            cpu_limit_s=int(math.ceil(timeout * host_cpus())) + 5,
+            oom_counter=self._cg.oom_kills if self._cg.has_memory else None,
+        )
+        if self._closed and not result.timed_out:
+            raise SandboxGoneError(f"sandbox {self.id} was closed while the command ran")
+        return result
+
+    # ---- files -----------------------------------------------------------------------
+
+    def _live(self) -> None:
+        if self._closed:
+            raise SandboxGoneError(f"sandbox {self.id} is closed")
+
+    async def _fs_call(self, fn: Callable[..., T], *args: object) -> T:
+        try:
+            return await anyio.to_thread.run_sync(fn, *args)
+        except SandboxError:
+            raise
+        except OSError as e:  # ENOSPC, EACCES, ...: the sandbox's trouble, said as such
+            raise SandboxError(f"{e.strerror or e} ({args[0]})") from e
+
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        self._live()
+        await self._fs_call(self._fs.write_file, self.resolve(path), as_bytes(data), mode)
+
+    async def read_file(self, path: str) -> bytes:
+        self._live()
+        return await self._fs_call(self._fs.read_file, self.resolve(path))
+
+    async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
+        self._live()
+        await self._fs_call(self._fs.put_archive, self.resolve(dest_dir), tar_bytes)
+
+    async def get_archive(self, path: str) -> bytes:
+        self._live()
+        return await self._fs_call(self._fs.get_archive, self.resolve(path))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await anyio.to_thread.run_sync(self._owner._remove_sync, self.id)

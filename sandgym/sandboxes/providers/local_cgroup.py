@@ -1,0 +1,162 @@
+"""Per-sandbox cgroup v1 groups: memory (OOM-killed at the limit, like docker), pids
+(fork bombs stop at the limit), cpu (CFS quota for fractional cores).
+
+Every process of a sandbox joins all of its groups before it execs (see local_exec), so
+`procs()` is the complete list of what the sandbox runs, whatever it did to escape its
+process group, and `kill_all()` can end it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import time
+
+CFS_PERIOD_US = 100_000
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+class CgroupSet:
+    """The sandbox's group in each controller: `paths[controller] = directory`."""
+
+    def __init__(self, paths: dict[str, str]) -> None:
+        self.paths = dict(paths)
+
+    @classmethod
+    def create(
+        cls, parents: dict[str, str], name: str, *, memory_mb: int, pids: int, cpu: float
+    ) -> "CgroupSet":
+        made: dict[str, str] = {}
+        try:
+            for ctrl, parent in parents.items():
+                path = os.path.join(parent, name)
+                os.mkdir(path, 0o755)
+                made[ctrl] = path
+                if ctrl == "memory":
+                    limit = str(memory_mb << 20)
+                    _write(f"{path}/memory.limit_in_bytes", limit)
+                    # Swap counted in the limit (memory+swap == memory), as docker does.
+                    with contextlib.suppress(OSError):
+                        _write(f"{path}/memory.memsw.limit_in_bytes", limit)
+                    with contextlib.suppress(OSError):
+                        _write(f"{path}/memory.swappiness", "0")
+                elif ctrl == "pids":
+                    _write(f"{path}/pids.max", str(pids))
+                elif ctrl == "cpu":
+                    _write(f"{path}/cpu.cfs_period_us", str(CFS_PERIOD_US))
+                    _write(f"{path}/cpu.cfs_quota_us", str(max(1000, int(cpu * CFS_PERIOD_US))))
+        except OSError:
+            cls(made).destroy()
+            raise
+        return cls(made)
+
+    def procs_files(self) -> list[str]:
+        """Files a new process writes "0" to, to join (written in preexec, before exec)."""
+        return [f"{p}/cgroup.procs" for p in self.paths.values()]
+
+    def procs(self) -> set[int]:
+        pids: set[int] = set()
+        for p in self.paths.values():
+            try:
+                pids.update(int(x) for x in _read(f"{p}/cgroup.procs").split())
+            except OSError:
+                pass
+        return pids
+
+    def oom_kills(self) -> int | None:
+        """The memory group's OOM-kill counter (None without the memory controller)."""
+        p = self.paths.get("memory")
+        if p is None:
+            return None
+        try:
+            for line in _read(f"{p}/memory.oom_control").splitlines():
+                k, _, v = line.partition(" ")
+                if k == "oom_kill":
+                    return int(v)
+        except (OSError, ValueError):
+            return None
+        return None
+
+    @property
+    def has_memory(self) -> bool:
+        return "memory" in self.paths
+
+    @property
+    def has_pids(self) -> bool:
+        return "pids" in self.paths
+
+    @property
+    def has_cpu(self) -> bool:
+        return "cpu" in self.paths
+
+    def kill_all(self, timeout: float = 5.0) -> bool:
+        """SIGKILL every member until none is left; True when empty."""
+        return kill_until_gone(self.procs, timeout)
+
+    def destroy(self, timeout: float = 5.0) -> None:
+        """Kill members and remove the groups. Idempotent."""
+        self.kill_all(timeout)
+        deadline = time.monotonic() + timeout
+        for p in self.paths.values():
+            while True:
+                try:
+                    os.rmdir(p)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as e:
+                    # EBUSY: a killed member has not left the group yet.
+                    if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.02)
+
+
+def kill_until_gone(list_pids, timeout: float) -> bool:  # noqa: ANN001 - callable -> set[int]
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = {p for p in list_pids() if p != os.getpid() and not _is_zombie(p)}
+        if not pids:
+            return True
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = _read(f"/proc/{pid}/stat")
+    except OSError:
+        return True  # gone
+    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+
+
+def pids_of_uid(uid: int) -> set[int]:
+    """Live processes whose real uid is `uid` (a sandbox's private host uid)."""
+    out: set[int] = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        if int(line.split()[1]) == uid:
+                            out.add(int(name))
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+    return out

@@ -1,0 +1,159 @@
+"""Running one command of a local sandbox: spawn (in the sandbox's cgroups, under its
+rlimits, as its uid), stream both outputs into capped buffers, kill on timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..errors import SandboxError
+from ..output import CappedBuffer
+from ..result import ExecResult
+
+_CHUNK = 1 << 16
+# After the command exits, how long we keep reading output that background processes
+# (which inherited the pipes) may still be writing. Under bwrap they die with the command.
+_DRAIN_GRACE_S = 0.5
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to start processes of one sandbox (fixed at create time)."""
+
+    procs_files: tuple[str, ...]  # cgroup.procs files to join before exec
+    rlimits: tuple[tuple[int, int, int], ...]  # (resource, soft, hard)
+    uid: int | None  # host uid to switch to (None: stay who we are)
+    gid: int | None
+
+    def preexec(self, cpu_limit_s: int) -> Callable[[], None]:
+        # Runs in the forked child before exec: only plain syscalls, no imports, no locks.
+        procs_files, rlimits, uid, gid = self.procs_files, self.rlimits, self.uid, self.gid
+
+        def pre() -> None:
+            for p in procs_files:
+                fd = os.open(p, os.O_WRONLY)
+                try:
+                    os.write(fd, b"0")
+                finally:
+                    os.close(fd)
+            for res, soft, hard in rlimits:
+                resource.setrlimit(res, (soft, hard))
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu_limit_s, cpu_limit_s + 5))
+            if uid is not None:
+                os.setgroups([])
+                os.setresgid(gid, gid, gid)
+                os.setresuid(uid, uid, uid)
+
+        return pre
+
+
+async def _pump(stream: asyncio.StreamReader, buf: CappedBuffer) -> None:
+    # Keep reading past the cap (discarding) so the writer never blocks on a full pipe.
+    while chunk := await stream.read(_CHUNK):
+        buf.write(chunk)
+
+
+async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        stdin.write(data)
+        await stdin.drain()
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError, OSError):
+        stdin.close()
+        await stdin.wait_closed()
+
+
+def _killpg(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+async def run_process(
+    argv: Sequence[str],
+    *,
+    env: dict[str, str],
+    cwd: str,
+    stdin: bytes | None,
+    timeout: float,
+    limit: int,
+    launch: Launch,
+    cpu_limit_s: int,
+    oom_counter: Callable[[], int | None] | None = None,
+    on_timeout: Callable[[], None] | None = None,
+) -> ExecResult:
+    """Run `argv` to completion or `timeout`; never raises for a failing command."""
+    out, err = CappedBuffer(limit), CappedBuffer(limit)
+    oom_before = oom_counter() if oom_counter else None
+    start = time.monotonic()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,  # its own process group, killed as one on timeout
+            preexec_fn=launch.preexec(cpu_limit_s),
+            close_fds=True,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        raise SandboxError(f"could not start {argv[0]!r} in the sandbox: {e}") from e
+    assert proc.stdout is not None and proc.stderr is not None
+    tasks = [asyncio.ensure_future(_pump(proc.stdout, out)), asyncio.ensure_future(_pump(proc.stderr, err))]
+    if stdin is not None:
+        assert proc.stdin is not None
+        tasks.append(asyncio.ensure_future(_feed(proc.stdin, stdin)))
+    timed_out = False
+    try:
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+        except asyncio.TimeoutError:
+            timed_out = True
+            # The process group holds the command (and, under bwrap, the namespace's init,
+            # whose death takes every process in the pid namespace with it).
+            _killpg(proc.pid)
+            if on_timeout is not None:
+                on_timeout()
+            await proc.wait()
+        _, pending = await asyncio.wait(tasks, timeout=_DRAIN_GRACE_S)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    except BaseException:
+        # Cancelled (or anything else): leave nothing running behind us.
+        _killpg(proc.pid)
+        for t in tasks:
+            t.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.shield(proc.wait())
+        raise
+    finally:
+        transport = getattr(proc, "_transport", None)
+        if transport is not None:
+            transport.close()  # closes pipes still held open by stray background processes
+    duration = time.monotonic() - start
+    rc = proc.returncode if proc.returncode is not None else -signal.SIGKILL
+    exit_code = 128 - rc if rc < 0 else rc
+    oom = False
+    if oom_counter is not None and oom_before is not None:
+        after = oom_counter()
+        oom = after is not None and after > oom_before
+    if timed_out:
+        exit_code = 124
+    return ExecResult(
+        exit_code=exit_code,
+        stdout_bytes=out.getvalue(),
+        stderr_bytes=err.getvalue(),
+        duration_s=duration,
+        timed_out=timed_out,
+        oom_killed=oom and not timed_out,
+        truncated=out.truncated or err.truncated,
+        output_limit=limit,
+    )

@@ -1,0 +1,196 @@
+"""What isolation this host can give the `local` provider, probed once per process.
+
+Each probe actually tries the mechanism (runs bwrap, creates a cgroup, mounts a tmpfs)
+because "the binary exists" says nothing in containers, VMs and locked-down kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+
+# System directories the sandbox sees read-only (when they exist on the host).
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+
+# cgroup v1 controllers we use: memory (OOM kill at the limit), pids (fork bombs),
+# cpu (CFS quota for fractional cores).
+CGROUP_CONTROLLERS = ("memory", "pids", "cpu")
+CGROUP_LEAF = "sandgym-local"
+
+MS_NOSUID = 2
+MS_NODEV = 4
+MNT_DETACH = 2
+
+
+@dataclass(frozen=True)
+class LocalCapabilities:
+    """What works here. `None`/empty means unavailable; `*_error` says why."""
+
+    root: bool
+    bwrap: str | None = None
+    bwrap_error: str | None = None
+    # controller -> the directory under which per-sandbox cgroups are made
+    cgroups: dict[str, str] = field(default_factory=dict)
+    cgroup_error: str | None = None
+    tmpfs: bool = False
+    tmpfs_error: str | None = None
+    prlimit: str | None = None
+
+    def summary(self) -> str:
+        parts = [
+            f"bwrap={'yes' if self.bwrap else 'no (' + str(self.bwrap_error) + ')'}",
+            f"cgroups={','.join(sorted(self.cgroups)) or 'none (' + str(self.cgroup_error) + ')'}",
+            f"tmpfs={'yes' if self.tmpfs else 'no'}",
+            f"root={self.root}",
+        ]
+        return " ".join(parts)
+
+
+def system_binds() -> list[str]:
+    """bwrap arguments exposing the host's system directories read-only; merged-/usr
+    symlinks (/bin -> usr/bin) stay symlinks."""
+    args: list[str] = []
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):
+            args += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            args += ["--ro-bind", d, d]
+    return args
+
+
+def _drop_to(uid: int | None):  # noqa: ANN202 - preexec closure
+    if uid is None:
+        return None
+
+    def pre() -> None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+
+    return pre
+
+
+def probe_bwrap(run_as: int | None) -> tuple[str | None, str | None]:
+    """Run a minimal bwrap with every namespace we use; (path, None) when it works."""
+    path = shutil.which("bwrap")
+    if path is None:
+        return None, "bwrap not found on PATH"
+    argv = [
+        path, "--unshare-user", "--uid", "1000", "--gid", "1000", "--unshare-pid",
+        "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session",
+        *system_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+        "--", "/bin/sh", "-c", "test \"$(id -u)\" = 1000",
+    ]  # fmt: skip
+    try:
+        r = subprocess.run(
+            argv, capture_output=True, timeout=30, preexec_fn=_drop_to(run_as),
+            env={"PATH": "/usr/bin:/bin"}, cwd="/",
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"bwrap failed to start: {e}"
+    if r.returncode != 0:
+        err = r.stderr.decode(errors="replace").strip() or f"exit {r.returncode}"
+        return None, f"bwrap does not work here: {err}"
+    return path, None
+
+
+def _own_cgroup_v1() -> dict[str, str]:
+    """controller -> this process's cgroup path (relative to the controller's mount)."""
+    out: dict[str, str] = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, ctrls, rel = line.rstrip("\n").split(":", 2)
+            for c in ctrls.split(","):
+                if c:
+                    out[c] = rel
+    return out
+
+
+def probe_cgroups() -> tuple[dict[str, str], str | None]:
+    """cgroup v1 controllers where we can create children. Sandbox cgroups are nested
+    under this process's own cgroup, so whatever limits the caller lives under still
+    apply to its sandboxes. cgroup v2 is not supported yet (rlimits only there)."""
+    if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+        return {}, "cgroup v2 (unified) hierarchy: not supported by the local provider yet"
+    try:
+        own = _own_cgroup_v1()
+    except OSError as e:
+        return {}, f"cannot read /proc/self/cgroup: {e}"
+    found: dict[str, str] = {}
+    errors: list[str] = []
+    for c in CGROUP_CONTROLLERS:
+        mount = f"/sys/fs/cgroup/{c}"
+        if c not in own or not os.path.isdir(mount):
+            errors.append(f"{c}: not mounted at {mount}")
+            continue
+        parent = os.path.join(mount + own[c].rstrip("/"), CGROUP_LEAF)
+        try:
+            os.makedirs(parent, exist_ok=True)
+            probe = tempfile.mkdtemp(prefix="probe-", dir=parent)
+            os.rmdir(probe)
+        except OSError as e:
+            errors.append(f"{c}: {e.strerror} ({parent})")
+            continue
+        found[c] = parent
+    return found, ("; ".join(errors) or None)
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def mount_tmpfs(target: str, size_bytes: int, mode: int = 0o711) -> None:
+    opts = f"size={size_bytes},mode={mode:o},uid=0,gid=0".encode()
+    flags = MS_NOSUID | MS_NODEV
+    if _libc.mount(b"tmpfs", target.encode(), b"tmpfs", flags, opts) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), target)
+
+
+def umount(target: str) -> None:
+    if _libc.umount2(target.encode(), MNT_DETACH) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), target)
+
+
+def is_mountpoint(path: str) -> bool:
+    try:
+        with open("/proc/self/mountinfo") as f:
+            return any(line.split()[4] == path for line in f)
+    except OSError:
+        return os.path.ismount(path)
+
+
+def probe_tmpfs() -> tuple[bool, str | None]:
+    if os.geteuid() != 0:
+        return False, "not root: cannot mount a size-limited tmpfs per sandbox"
+    d = tempfile.mkdtemp(prefix="sandgym-probe-")
+    try:
+        mount_tmpfs(d, 1 << 20)
+        umount(d)
+        return True, None
+    except OSError as e:
+        return False, f"mount tmpfs failed: {e.strerror}"
+    finally:
+        os.rmdir(d)
+
+
+@functools.cache
+def capabilities(probe_uid: int | None) -> LocalCapabilities:
+    """Probe once per process. `probe_uid`: the host uid sandboxes will run bwrap as
+    (None = ours), since unprivileged user namespaces may be allowed for some and not
+    for others."""
+    root = os.geteuid() == 0
+    bwrap, bwrap_error = probe_bwrap(probe_uid)
+    cgroups, cgroup_error = probe_cgroups() if root else ({}, "not root")
+    tmpfs, tmpfs_error = probe_tmpfs()
+    return LocalCapabilities(
+        root=root, bwrap=bwrap, bwrap_error=bwrap_error, cgroups=cgroups,
+        cgroup_error=cgroup_error, tmpfs=tmpfs, tmpfs_error=tmpfs_error,
+        prlimit=shutil.which("prlimit"),
+    )  # fmt: skip
