@@ -1,0 +1,177 @@
+"""Packed (varlen) causal attention for training, plugged into transformers models.
+
+Training packs several sequences into one row without padding; attention must not cross
+sequence boundaries. The kernel, in order of preference:
+
+1. `flash_attn.flash_attn_varlen_func` (the `flash_attn` package, CUDA);
+2. `torch.nn.attention.varlen.varlen_attn` (torch >= 2.10; CUDA only: on CPU it raises);
+3. per-sequence `scaled_dot_product_attention` (any device; no (T x T) mask is built).
+
+We register one attention function with transformers under ATTN_IMPL. Calls that carry
+`cu_seq_lens_q` (training) take the varlen path; calls without it (generation with a KV cache
+and a padding mask, as the built-in inference backend does on the same model object) go to
+transformers' own SDPA implementation, so one model serves both.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+ATTN_IMPL = "sandgym_varlen"
+KERNELS = ("flash_attn", "torch_varlen", "sdpa")
+
+
+@functools.cache
+def _flash_attn_func() -> Any:
+    try:
+        from flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found]
+    except Exception:  # not installed, or built against another torch
+        return None
+    return flash_attn_varlen_func
+
+
+@functools.cache
+def _torch_varlen_func() -> Any:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except Exception:
+        return None
+    return varlen_attn
+
+
+def available_kernels(device: torch.device | str) -> list[str]:
+    """Kernels usable on `device`, best first. The torch varlen and flash_attn kernels are
+    CUDA-only (checked on torch 2.13 CPU: varlen_attn raises NotImplementedError)."""
+    dev = torch.device(device)
+    out: list[str] = []
+    if dev.type == "cuda":
+        if _flash_attn_func() is not None:
+            out.append("flash_attn")
+        if _torch_varlen_func() is not None:
+            out.append("torch_varlen")
+    out.append("sdpa")
+    return out
+
+
+def pick_kernel(device: torch.device | str, requested: str = "auto") -> str:
+    avail = available_kernels(device)
+    if requested == "auto":
+        return avail[0]
+    if requested not in avail:
+        raise ValueError(f"attention kernel {requested!r} not available on {device}; available: {avail}")
+    return requested
+
+
+def varlen_causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    scale: float | None = None,
+    kernel: str = "sdpa",
+) -> torch.Tensor:
+    """Causal attention over packed sequences.
+
+    q: (T, Hq, D); k, v: (T, Hkv, D); cu_seqlens: (N+1,) int32 offsets. Returns (T, Hq, D).
+    Grouped-query attention (Hkv < Hq) is handled by every kernel.
+    """
+    hq, hkv = q.shape[1], k.shape[1]
+    if kernel == "flash_attn":
+        fn = _flash_attn_func()
+        return fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, softmax_scale=scale, causal=True)
+    if kernel == "torch_varlen":
+        fn = _torch_varlen_func()
+        cu = cu_seqlens.to(torch.int32)
+        return fn(q, k, v, cu, cu, max_seqlen, max_seqlen, scale=scale, window_size=(-1, 0), enable_gqa=hq != hkv)
+    if kernel != "sdpa":
+        raise ValueError(f"unknown attention kernel {kernel!r}")
+    out = torch.empty_like(q)
+    bounds = cu_seqlens.tolist()
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        if e <= s:
+            continue
+        # (1, H, L, D) views of one sequence; is_causal needs no materialized mask.
+        qs = q[s:e].transpose(0, 1).unsqueeze(0)
+        ks = k[s:e].transpose(0, 1).unsqueeze(0)
+        vs = v[s:e].transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=hq != hkv)
+        out[s:e] = o.squeeze(0).transpose(0, 1)
+    return out
+
+
+def _hf_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    if query.shape[0] != 1:
+        raise ValueError("packed varlen attention expects batch size 1 (all sequences in one row)")
+    kernel = kwargs.get("sandgym_kernel") or "sdpa"
+    # transformers hands us (B, H, T, D); kernels want (T, H, D).
+    q = query[0].transpose(0, 1)
+    k = key[0].transpose(0, 1)
+    v = value[0].transpose(0, 1)
+    out = varlen_causal_attention(q, k, v, cu, int(kwargs["max_length_q"]), scale=scaling, kernel=kernel)
+    return out.unsqueeze(0), None  # (B, T, H, D), as transformers' attention functions return
+
+
+@functools.cache
+def register() -> str:
+    """Register ATTN_IMPL with transformers (idempotent); returns its name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_IMPL, _hf_attention)
+    try:
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+        # Generation through the same model builds ordinary SDPA masks; training passes
+        # precomputed (None) masks and never reaches this.
+        AttentionMaskInterface.register(ATTN_IMPL, sdpa_mask)
+    except ImportError:  # older transformers without mask interfaces
+        pass
+    return ATTN_IMPL
+
+
+def use_varlen(model: torch.nn.Module) -> None:
+    """Switch a transformers model to the packed-attention implementation."""
+    register()
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(ATTN_IMPL)
+    else:
+        model.config._attn_implementation = ATTN_IMPL
+
+
+def packed_forward_kwargs(
+    cu_seqlens: torch.Tensor, max_seqlen: int, kernel: str, num_layer_types: tuple[str, ...] = ("full_attention", "sliding_attention")
+) -> dict[str, Any]:
+    """Keyword arguments for `model.model(...)` that route attention to the varlen kernel.
+
+    `attention_mask` as a dict of Nones makes transformers skip building (T x T) masks."""
+    return {
+        "attention_mask": {name: None for name in num_layer_types},
+        "cu_seq_lens_q": cu_seqlens,
+        "cu_seq_lens_k": cu_seqlens,
+        "max_length_q": max_seqlen,
+        "max_length_k": max_seqlen,
+        "sandgym_kernel": kernel,
+    }

@@ -1,0 +1,234 @@
+"""Rollouts -> training sequences -> packed micro-batches.
+
+Every number here comes from the token ids the inference server returned (`Turn.tokens`);
+text is never re-tokenized. A multi-turn rollout becomes one sequence: turn i's prompt must
+extend turn i-1's prompt + completion, and the tokens it adds (tool results, environment and
+user messages, chat-template glue) get loss mask 0; each turn's completion gets mask 1.
+
+Sequences are packed without padding into micro-batches of at most `max_tokens` tokens (one
+row, `cu_seqlens` offsets, position ids restarting at 0 for each sequence), ready for varlen
+attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sandgym.core.state import State
+
+
+class PrefixMismatchError(ValueError):
+    """Turn i's prompt does not extend turn i-1's prompt + completion token ids."""
+
+
+class MissingTokensError(ValueError):
+    """A rollout has turns without token ids (the server did not return them)."""
+
+
+@dataclass
+class Sequence:
+    """One rollout flattened to one token sequence."""
+
+    input_ids: list[int]
+    loss_mask: list[int]  # 1 on model-generated tokens, 0 on prompt/tool/env tokens
+    inference_logprobs: list[float]  # server logprobs on mask-1 tokens, 0.0 elsewhere
+    advantage: float
+    reward: float = 0.0
+    rollout_id: str = ""
+    has_inference_logprobs: bool = True
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+def _first_mismatch(a: list[int], b: list[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def state_to_sequence(state: State, advantage: float | None = None) -> Sequence:
+    """Flatten a (multi-turn) rollout into one sequence with a loss mask.
+
+    Raises PrefixMismatchError naming the turn when a chat template re-renders earlier turns
+    differently (e.g. strips reasoning, or re-tokenizes the assistant message), since training
+    on such a rollout would assign the model's logprobs to tokens it never produced.
+    """
+    if not state.turns:
+        raise MissingTokensError(f"rollout {state.id}: no turns")
+    adv = state.advantage if advantage is None else advantage
+    if adv is None:
+        raise ValueError(f"rollout {state.id}: advantage is not set (score the group first)")
+    ids: list[int] = []
+    mask: list[int] = []
+    lps: list[float] = []
+    have_lps = True
+    for i, turn in enumerate(state.turns):
+        tok = turn.tokens
+        if tok is None:
+            raise MissingTokensError(
+                f"rollout {state.id}: turn {i} has no token ids; the inference server must return "
+                "prompt and completion token ids (vLLM: return_token_ids)"
+            )
+        if i == 0:
+            ids.extend(tok.prompt_ids)
+            mask.extend([0] * len(tok.prompt_ids))
+            lps.extend([0.0] * len(tok.prompt_ids))
+        else:
+            p = tok.prompt_ids
+            if len(p) < len(ids) or p[: len(ids)] != ids:
+                at = _first_mismatch(ids, p)
+                raise PrefixMismatchError(
+                    f"rollout {state.id}: turn {i}'s prompt_ids do not extend turn {i - 1}'s "
+                    f"prompt_ids + completion_ids (first difference at token {at}: previous has "
+                    f"{ids[at] if at < len(ids) else '<end>'}, turn {i} has "
+                    f"{p[at] if at < len(p) else '<end>'}; lengths {len(ids)} vs {len(p)}). The chat "
+                    "template re-renders earlier turns differently from what the model generated; "
+                    "use a template that keeps past assistant messages verbatim."
+                )
+            extra = p[len(ids) :]
+            ids.extend(extra)
+            mask.extend([0] * len(extra))
+            lps.extend([0.0] * len(extra))
+        comp = tok.completion_ids
+        clp = tok.completion_logprobs
+        if clp and len(clp) != len(comp):
+            raise ValueError(
+                f"rollout {state.id}: turn {i} has {len(comp)} completion ids but {len(clp)} logprobs"
+            )
+        if not clp:
+            have_lps = False
+        ids.extend(comp)
+        mask.extend([1] * len(comp))
+        lps.extend(clp if clp else [0.0] * len(comp))
+    return Sequence(
+        input_ids=ids,
+        loss_mask=mask,
+        inference_logprobs=[float(x) for x in lps],
+        advantage=float(adv),
+        reward=float(state.reward),
+        rollout_id=state.id,
+        has_inference_logprobs=have_lps,
+    )
+
+
+@dataclass
+class MicroBatch:
+    """Packed sequences in one row. Per-token tensors are aligned to *predicting* positions:
+    entry t describes the prediction of token t+1 from tokens <= t of the same sequence."""
+
+    input_ids: torch.Tensor  # (1, T) long
+    position_ids: torch.Tensor  # (1, T) long, restarting at 0 per sequence
+    cu_seqlens: torch.Tensor  # (N+1,) int32
+    max_seqlen: int
+    targets: torch.Tensor  # (T,) long: next token (0 where none)
+    mask: torch.Tensor  # (T,) float: 1 where the target is a model-generated token
+    advantages: torch.Tensor  # (T,) float
+    inference_logprobs: torch.Tensor  # (T,) float
+    seq_index: torch.Tensor  # (T,) long: index of the sequence in the whole step
+    seq_indices: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def to(self, device: torch.device | str) -> "MicroBatch":
+        d = torch.device(device)
+        return MicroBatch(
+            input_ids=self.input_ids.to(d),
+            position_ids=self.position_ids.to(d),
+            cu_seqlens=self.cu_seqlens.to(d),
+            max_seqlen=self.max_seqlen,
+            targets=self.targets.to(d),
+            mask=self.mask.to(d),
+            advantages=self.advantages.to(d),
+            inference_logprobs=self.inference_logprobs.to(d),
+            seq_index=self.seq_index.to(d),
+            seq_indices=list(self.seq_indices),
+        )
+
+
+def plan_packing(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """First-fit decreasing: groups of sequence indices whose lengths sum to <= max_tokens.
+    A sequence longer than the budget gets a group of its own (it cannot be split without
+    changing what attention sees)."""
+    if max_tokens <= 0:
+        raise ValueError("max_tokens must be positive")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        n = lengths[i]
+        for b, r in enumerate(room):
+            if n <= r:
+                bins[b].append(i)
+                room[b] -= n
+                break
+        else:
+            bins.append([i])
+            room.append(max(max_tokens - n, 0))
+    for b in bins:
+        b.sort()  # keep step order inside a micro-batch (deterministic, readable)
+    return bins
+
+
+def pack(seqs: list[Sequence], max_tokens: int) -> list[MicroBatch]:
+    """Pack sequences into micro-batches of at most `max_tokens` tokens, no padding."""
+    out: list[MicroBatch] = []
+    for group in plan_packing([len(s) for s in seqs], max_tokens):
+        ids: list[int] = []
+        pos: list[int] = []
+        tgt: list[int] = []
+        msk: list[float] = []
+        adv: list[float] = []
+        ilp: list[float] = []
+        sidx: list[int] = []
+        cu = [0]
+        for gi in group:
+            s = seqs[gi]
+            n = len(s)
+            ids.extend(s.input_ids)
+            pos.extend(range(n))
+            tgt.extend(s.input_ids[1:] + [0])
+            msk.extend([float(m) for m in s.loss_mask[1:]] + [0.0])
+            adv.extend([s.advantage] * n)
+            ilp.extend(s.inference_logprobs[1:] + [0.0])
+            sidx.extend([gi] * n)
+            cu.append(cu[-1] + n)
+        out.append(
+            MicroBatch(
+                input_ids=torch.tensor([ids], dtype=torch.long),
+                position_ids=torch.tensor([pos], dtype=torch.long),
+                cu_seqlens=torch.tensor(cu, dtype=torch.int32),
+                max_seqlen=max(len(seqs[gi]) for gi in group),
+                targets=torch.tensor(tgt, dtype=torch.long),
+                mask=torch.tensor(msk, dtype=torch.float32),
+                advantages=torch.tensor(adv, dtype=torch.float32),
+                inference_logprobs=torch.tensor(ilp, dtype=torch.float32),
+                seq_index=torch.tensor(sidx, dtype=torch.long),
+                seq_indices=list(group),
+            )
+        )
+    return out
+
+
+def states_to_sequences(states: list[State], skip_errors: bool = True) -> list[Sequence]:
+    """Sequences for the rollouts that can be trained on. Rollouts marked with an error or
+    without completion tokens are skipped when `skip_errors` (they carry no signal);
+    prefix mismatches always raise: they are a template bug, not a rollout failure."""
+    out: list[Sequence] = []
+    for st in states:
+        if skip_errors and (st.error is not None or not st.has_tokens):
+            continue
+        seq = state_to_sequence(st)
+        if seq.num_loss_tokens == 0:
+            continue
+        out.append(seq)
+    return out

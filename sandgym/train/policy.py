@@ -1,0 +1,166 @@
+"""The optimisation half of GRPO: packed sequences in, one optimizer step out.
+
+Kept apart from the loop (trainer.py) so the benchmark and tests can drive a step on a fixed
+batch. Attention runs through sandgym's varlen implementation (attention.py) and logprobs in
+chunks (logprobs.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from typing import Any
+
+import torch
+
+from sandgym.train.attention import pick_kernel, use_varlen
+from sandgym.train.batch import MicroBatch, Sequence, pack
+from sandgym.train.config import ModelConfig, OptimConfig
+from sandgym.train.logprobs import packed_logprobs
+from sandgym.train.loss import LossConfig, StepNormalizer, grpo_loss
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def autocast_dtype(model_cfg: ModelConfig, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on CUDA (float32 master weights for AdamW); none on CPU by default."""
+    if model_cfg.dtype == "bfloat16" or (model_cfg.dtype == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+class PolicyTrainer:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        model_cfg: ModelConfig,
+        optim_cfg: OptimConfig,
+        loss_cfg: LossConfig,
+        device: torch.device,
+        ref_model: torch.nn.Module | None = None,
+    ) -> None:
+        self.model = model
+        self.model_cfg = model_cfg
+        self.optim_cfg = optim_cfg
+        self.loss_cfg = loss_cfg
+        self.device = device
+        self.ref_model = ref_model
+        self.kernel = pick_kernel(device, model_cfg.attention)
+        use_varlen(model)
+        if ref_model is not None:
+            use_varlen(ref_model)
+        log.info("attention kernel: %s (device %s)", self.kernel, device)
+        if model_cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.amp_dtype = autocast_dtype(model_cfg, device)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=optim_cfg.lr,
+            betas=optim_cfg.betas,
+            weight_decay=optim_cfg.weight_decay,
+            fused=device.type == "cuda",
+        )
+        warm = optim_cfg.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0
+        )
+
+    def _amp(self) -> contextlib.AbstractContextManager[Any]:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def _logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        with self._amp():
+            return packed_logprobs(
+                model,
+                mb.input_ids,
+                mb.position_ids,
+                mb.cu_seqlens,
+                mb.max_seqlen,
+                mb.targets,
+                kernel=self.kernel,
+                chunk_size=self.model_cfg.logprob_chunk_size,
+            )
+
+    def step(self, seqs: list[Sequence]) -> dict[str, float]:
+        """One generation batch -> `num_iterations` optimizer steps (accumulating over packed
+        micro-batches). Returns metrics of the last pass."""
+        if not seqs:
+            raise ValueError("no trainable sequences in this batch")
+        t0 = time.perf_counter()
+        self.model.train()
+        mbs = [mb.to(self.device) for mb in pack(seqs, self.optim_cfg.micro_batch_tokens)]
+        norm = StepNormalizer.from_masks([mb.mask for mb in mbs], [mb.seq_index for mb in mbs], len(seqs))
+        use_inf = all(s.has_inference_logprobs for s in seqs)
+        iters = self.optim_cfg.num_iterations
+        old: list[torch.Tensor | None] = [None] * len(mbs)
+        ref: list[torch.Tensor | None] = [None] * len(mbs)
+        with torch.no_grad():
+            for i, mb in enumerate(mbs):
+                if iters > 1:  # off-policy passes need the pre-update logprobs
+                    old[i] = self._logprobs(self.model, mb)[0].detach()
+                if self.ref_model is not None and self.loss_cfg.kl_beta > 0:
+                    ref[i] = self._logprobs(self.ref_model, mb)[0].detach()
+        sums: dict[str, float] = {}
+        for _ in range(iters):
+            sums = {"loss": 0.0, "entropy_sum": 0.0, "clip_sum": 0.0, "kl_sum": 0.0, "tokens": 0.0, "ratio_sum": 0.0, "inf_diff_sum": 0.0, "tis_weight_sum": 0.0}
+            self.optimizer.zero_grad(set_to_none=True)
+            for i, mb in enumerate(mbs):
+                lp, ent = self._logprobs(self.model, mb)
+                old_lp = old[i] if old[i] is not None else lp.detach()
+                loss, stats = grpo_loss(
+                    lp,
+                    old_lp,
+                    mb.advantages,
+                    mb.mask,
+                    mb.seq_index,
+                    norm,
+                    self.loss_cfg,
+                    inference_logprobs=mb.inference_logprobs if use_inf else None,
+                    ref_logprobs=ref[i],
+                )
+                loss.backward()
+                m = mb.mask
+                sums["loss"] += float(loss.detach())
+                sums["entropy_sum"] += float((ent * m).sum())
+                if use_inf:
+                    sums["inf_diff_sum"] += float(((old_lp - mb.inference_logprobs).abs() * m).sum())
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + v
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)
+            self.optimizer.step()
+        self.scheduler.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dt = time.perf_counter() - t0
+        ntok = sum(mb.num_tokens for mb in mbs)
+        tokens = max(sums["tokens"], 1.0)
+        out = {
+            "loss": sums["loss"],
+            "entropy": sums["entropy_sum"] / tokens,
+            "clip_frac": sums["clip_sum"] / tokens,
+            "ratio_mean": sums["ratio_sum"] / tokens,
+            "grad_norm": float(grad_norm) if math.isfinite(float(grad_norm)) else float("nan"),
+            "lr": float(self.scheduler.get_last_lr()[0]),
+            "train_tokens": float(ntok),
+            "loss_tokens": sums["tokens"],
+            "micro_batches": float(len(mbs)),
+            "train_s": dt,
+            "train_tokens_per_s": ntok / dt if dt > 0 else 0.0,
+        }
+        if self.loss_cfg.kl_beta > 0:
+            out["kl"] = sums["kl_sum"] / tokens
+        if use_inf:
+            out["inference_logprob_abs_diff"] = sums["inf_diff_sum"] / tokens
+        if self.loss_cfg.tis and use_inf:
+            out["tis_weight_mean"] = sums["tis_weight_sum"] / tokens
+        return out
