@@ -25,7 +25,7 @@ results are in `LocalProvider.capabilities`):
   cpu (CFS quota = spec.cpu cores). Groups nest under the caller's own cgroup.
 * tmpfs (root): fs/ is a tmpfs of disk_mb (work, tmp and home share it; like docker's
   tmpfs it is memory and is charged to the sandbox's memory group when written inside).
-* rlimits, always: RLIMIT_FSIZE = disk_mb (per file), RLIMIT_CORE = 0, RLIMIT_CPU as a
+* rlimits, always: RLIMIT_FSIZE = disk_mb (per file; only without the tmpfs), RLIMIT_CORE = 0, RLIMIT_CPU as a
   backstop past the timeout; RLIMIT_NPROC = pids when it can bind (own uid, or inside
   the user namespace via prlimit); RLIMIT_DATA = memory_mb only without a memory cgroup
   (a memory bomb then fails to allocate, e.g. Python's MemoryError, exit 1; oom_killed
@@ -382,8 +382,9 @@ class LocalSandbox(Sandbox):
     def _plan(self, caps: LocalCapabilities) -> tuple[Launch, list[str]]:
         spec, uid = self.spec, self.meta.uid
         rl: list[tuple[int, int, int]] = [(resource.RLIMIT_CORE, 0, 0)]
-        fsize = spec.disk_mb << 20
-        rl.append((resource.RLIMIT_FSIZE, fsize, fsize))
+        if not self.meta.mounted:  # a tmpfs of disk_mb bounds the total; else per file only
+            fsize = spec.disk_mb << 20
+            rl.append((resource.RLIMIT_FSIZE, fsize, fsize))
         if not self._cg.has_memory:
             mem = spec.memory_mb << 20
             rl.append((resource.RLIMIT_DATA, mem, mem))
