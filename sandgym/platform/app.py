@@ -1,0 +1,246 @@
+"""The FastAPI app: Prime's sandbox control plane under /api/v1, the gateway under /gateway,
+health and metrics, OpenAPI docs at /docs. Endpoints this server does not offer (checkpoints,
+networks, volumes, images, ssh, egress policy, background-job batches) answer 404."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .auth import TokenAuth
+from .gateway import build_router
+from .models import (
+    STATUSES,
+    BulkDeleteBody,
+    BulkDeleteOut,
+    CreateSandboxBody,
+    DeleteOut,
+    ErrorContextOut,
+    LogsOut,
+    SandboxListOut,
+    SandboxOut,
+    StatusBatchBody,
+    StatusBatchOut,
+    StatusError,
+    StatusSnapshot,
+)
+from .service import InvalidRequest, ServerConfig, Service
+from .store import QuotaExceeded, Record
+
+
+def sandbox_out(rec: Record, service: Service, request: Request, *, with_auth: bool = False) -> SandboxOut:
+    b = rec.body
+    spec = rec.spec
+    return SandboxOut(
+        id=rec.id,
+        name=b.name,
+        docker_image=b.docker_image or "",
+        cpu_cores=b.cpu_cores,
+        memory_gb=b.memory_gb,
+        disk_size_gb=b.disk_size_gb or 5.0,
+        disk_mount_path=spec.workdir if spec else "/workspace",
+        gpu_count=b.gpu_count,
+        gpu_type=b.gpu_type,
+        status=rec.status,
+        timeout_minutes=b.timeout_minutes,
+        idle_timeout_minutes=b.idle_timeout_minutes,
+        termination_reason=rec.termination_reason,
+        environment_vars=b.environment_vars,
+        labels=b.labels,
+        created_at=rec.created_at,
+        updated_at=rec.updated_at,
+        started_at=rec.started_at,
+        terminated_at=rec.terminated_at,
+        error_type=rec.error_type,
+        error_message=rec.error_message,
+        user_id=rec.tenant,
+        team_id=b.team_id,
+        region=b.region,
+        gateway_auth=service.gateway_auth(rec, str(request.base_url)) if with_auth and not rec.ended else None,
+    )
+
+
+def create_app(config: ServerConfig) -> FastAPI:
+    auth = TokenAuth(config.tokens)
+    service = Service(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with service:
+            yield
+
+    app = FastAPI(
+        title="sandgym platform",
+        version="0.1.0",
+        description=(
+            "Self-hosted sandboxes speaking the prime-sandboxes 0.5.1 REST contract. Point the "
+            "unmodified SDK here with PRIME_API_BASE_URL and PRIME_API_KEY."
+        ),
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    # A plain default (not an Annotated alias): annotations are strings here and FastAPI
+    # resolves them in module globals, where a local alias would not be found.
+    tenant_dep = Depends(auth)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # 405 means the path exists for another method: to a client probing an optional
+        # endpoint (checkpoints, networks, ...) that is the same as "not offered here".
+        if exc.status_code == 405:
+            return JSONResponse({"detail": f"{request.method} {request.url.path} is not supported by this server"}, status_code=404)
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_input(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"type": e.get("type"), "loc": list(e.get("loc", ())), "msg": str(e.get("msg"))}
+            for e in exc.errors()
+        ]
+        return JSONResponse({"detail": errors}, status_code=422)
+
+    def own(tenant: str, sandbox_id: str) -> Record:
+        rec = service.store.get(tenant, sandbox_id)
+        if rec is None:
+            raise HTTPException(404, detail=f"Sandbox {sandbox_id} not found")
+        return rec
+
+    # ---- control plane ---------------------------------------------------------------
+
+    @app.post("/api/v1/sandbox", response_model=SandboxOut, tags=["sandboxes"], summary="Create a sandbox")
+    async def create(body: CreateSandboxBody, request: Request, tenant: str = tenant_dep) -> JSONResponse:
+        try:
+            rec = service.create(tenant, body)
+        except InvalidRequest as exc:
+            return JSONResponse({"detail": exc.errors}, status_code=422)
+        except QuotaExceeded as exc:
+            return JSONResponse({"detail": str(exc)}, status_code=429)
+        out = sandbox_out(rec, service, request, with_auth=True)
+        return JSONResponse(out.model_dump(mode="json", by_alias=True))
+
+    @app.get("/api/v1/sandbox", response_model=SandboxListOut, tags=["sandboxes"], summary="List sandboxes")
+    async def list_sandboxes(
+        request: Request,
+        tenant: str = tenant_dep,
+        page: int = Query(1, ge=1, le=1_000_000),
+        per_page: int = Query(50, ge=1, le=100),
+        status: str | None = Query(None, description="one of " + ", ".join(STATUSES)),
+        labels: list[str] | None = Query(None, description="sandboxes carrying all these labels"),
+        is_active: bool | None = Query(None, description="true: only not-ended sandboxes"),
+        team_id: str | None = Query(None),
+        user_id: str | None = Query(None),
+    ) -> JSONResponse:
+        if status is not None and status.upper() not in STATUSES:
+            return JSONResponse(
+                {"detail": [{"type": "enum", "loc": ["query", "status"], "msg": f"status must be one of {', '.join(STATUSES)}"}]},
+                status_code=422,
+            )
+        recs = service.store.for_tenant(tenant)
+        if status:
+            recs = [r for r in recs if r.status == status.upper()]
+        if labels:
+            want = set(labels)
+            recs = [r for r in recs if want <= set(r.body.labels)]
+        if is_active:
+            recs = [r for r in recs if not r.ended]
+        total = len(recs)
+        chunk = recs[(page - 1) * per_page : page * per_page]
+        out = SandboxListOut(
+            sandboxes=[sandbox_out(r, service, request) for r in chunk],
+            total=total,
+            page=page,
+            per_page=per_page,
+            has_next=page * per_page < total,
+        )
+        return JSONResponse(out.model_dump(mode="json", by_alias=True))
+
+    @app.delete("/api/v1/sandbox", response_model=BulkDeleteOut, tags=["sandboxes"], summary="Delete many sandboxes")
+    async def bulk_delete(body: BulkDeleteBody, tenant: str = tenant_dep) -> BulkDeleteOut:
+        targets: list[Record] = []
+        failed: list[dict[str, str]] = []
+        if body.sandbox_ids:
+            for sid in dict.fromkeys(body.sandbox_ids):
+                rec = service.store.get(tenant, sid)
+                if rec is None:
+                    failed.append({"sandbox_id": sid, "error": "not found"})
+                else:
+                    targets.append(rec)
+        if body.labels:
+            want = set(body.labels)
+            targets += [
+                r for r in service.store.for_tenant(tenant) if not r.ended and want <= set(r.body.labels) and r not in targets
+            ]
+        for rec in targets:
+            service.terminate(rec, "deleted")
+        service.counters["deleted"] += len(targets)
+        ok = [r.id for r in targets]
+        return BulkDeleteOut(succeeded=ok, failed=failed, message=f"deleted {len(ok)} sandboxes, {len(failed)} failed")
+
+    @app.post(
+        "/api/v1/sandbox/status:batchGet",
+        response_model=StatusBatchOut,
+        tags=["sandboxes"],
+        summary="Status of up to 100 sandboxes",
+    )
+    async def batch_status(body: StatusBatchBody, tenant: str = tenant_dep) -> StatusBatchOut:
+        statuses, errors = [], []
+        for sid in body.sandbox_ids:
+            rec = service.store.get(tenant, sid)
+            if rec is None:
+                errors.append(StatusError(sandbox_id=sid, code="NOT_FOUND", message=f"Sandbox {sid} not found"))
+            else:
+                statuses.append(
+                    StatusSnapshot(sandbox_id=sid, status=rec.status, error_type=rec.error_type, error_message=rec.error_message)
+                )
+        return StatusBatchOut(statuses=statuses, errors=errors)
+
+    @app.get("/api/v1/sandbox/{sandbox_id}", response_model=SandboxOut, tags=["sandboxes"], summary="Get a sandbox")
+    async def get(sandbox_id: str, request: Request, tenant: str = tenant_dep) -> JSONResponse:
+        out = sandbox_out(own(tenant, sandbox_id), service, request)
+        return JSONResponse(out.model_dump(mode="json", by_alias=True))
+
+    @app.delete("/api/v1/sandbox/{sandbox_id}", response_model=DeleteOut, tags=["sandboxes"], summary="Delete a sandbox (idempotent)")
+    async def delete(sandbox_id: str, tenant: str = tenant_dep) -> DeleteOut:
+        rec = own(tenant, sandbox_id)
+        if not rec.ended:
+            service.counters["deleted"] += 1
+        service.terminate(rec, "deleted")
+        return DeleteOut(id=rec.id, status=rec.status)
+
+    @app.post("/api/v1/sandbox/{sandbox_id}/auth", tags=["sandboxes"], summary="Gateway credentials for a sandbox")
+    async def gateway_auth(sandbox_id: str, request: Request, tenant: str = tenant_dep) -> JSONResponse:
+        rec = own(tenant, sandbox_id)
+        return JSONResponse(service.gateway_auth(rec, str(request.base_url)).model_dump())
+
+    @app.get(
+        "/api/v1/sandbox/{sandbox_id}/error-context",
+        response_model=ErrorContextOut,
+        tags=["sandboxes"],
+        summary="Why a sandbox is not running",
+    )
+    async def error_context(sandbox_id: str, tenant: str = tenant_dep) -> JSONResponse:
+        rec = own(tenant, sandbox_id)
+        out = ErrorContextOut(status=rec.status, error_type=rec.error_type, error_message=rec.error_message)
+        return JSONResponse(out.model_dump(by_alias=True))
+
+    @app.get("/api/v1/sandbox/{sandbox_id}/logs", response_model=LogsOut, tags=["sandboxes"], summary="Sandbox event log")
+    async def logs(sandbox_id: str, tenant: str = tenant_dep) -> LogsOut:
+        return LogsOut(logs="\n".join(own(tenant, sandbox_id).logs))
+
+    # ---- gateway, health ---------------------------------------------------------------
+
+    app.include_router(build_router(service))
+
+    @app.get("/health", tags=["ops"], summary="Liveness (no auth)")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics", tags=["ops"], summary="Counters (auth required)")
+    async def metrics(tenant: str = tenant_dep) -> dict[str, object]:
+        return service.metrics()
+
+    return app

@@ -1,0 +1,428 @@
+"""The per-sandbox gateway: `{gateway_url}/{user_ns}/{job_id}/...` with the sandbox's own
+bearer token (from POST /sandbox/{id}/auth). Commands speak Connect (`command_session.
+CommandSession`), files plain HTTP (upload, download, read-file), as prime-sandboxes 0.5.1 does.
+
+Gateway answers the SDK understands: 410 `{"error": "sandbox_terminated"}` (and Connect
+`not_found`) for a deleted sandbox; 409 while it is not running yet (the SDK then asks
+error-context); 404 for a missing file; 413 for a read-file too large without a window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid as uuidlib
+from collections.abc import AsyncIterator
+from datetime import datetime, timezone
+
+from fastapi import APIRouter, File, Query, Request, UploadFile
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prime_sandboxes._proto.command_session import command_session_pb2 as pb
+
+from sandgym.sandboxes.base import Sandbox
+from sandgym.sandboxes.errors import SandboxFileNotFound, SandboxGoneError
+
+from .connect import Codec, ConnectFault, end_stream, envelope, iter_envelopes, parse_timeout_ms
+from .models import ReadFileOut, UploadOut
+from .service import Service
+from .sessions import Session, ShellLiveProcess
+from .store import Record
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_S = 15.0
+DATA_CHUNK = 256 * 1024
+MAX_READ_BYTES = 32 << 20  # read-file without a window; larger files answer 413
+SERVICE = "command_session.CommandSession"
+
+
+def _bearer(request: Request) -> str:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+class GatewayRefusal(Exception):
+    def __init__(self, status: int, body: dict[str, str], connect_code: str) -> None:
+        super().__init__(body.get("message", body.get("error", "")))
+        self.status = status
+        self.body = body
+        self.connect_code = connect_code
+
+    def http(self) -> JSONResponse:
+        return JSONResponse(self.body, status_code=self.status)
+
+    def connect(self) -> ConnectFault:
+        return ConnectFault(self.connect_code, self.body.get("message") or self.body["error"])
+
+
+def _resolve(service: Service, request: Request, user_ns: str, job_id: str) -> tuple[Record, Sandbox]:
+    rec = service.store.get_any(job_id)
+    if rec is None or rec.tenant != user_ns:
+        raise GatewayRefusal(502, {"error": "sandbox_not_found", "message": f"no sandbox {job_id}"}, "not_found")
+    if service.gateway_record(user_ns, job_id, _bearer(request)) is None:
+        raise GatewayRefusal(401, {"error": "unauthenticated", "message": "invalid or expired gateway token"}, "unauthenticated")
+    if rec.ended:
+        raise GatewayRefusal(410, {"error": "sandbox_terminated", "message": f"sandbox {job_id} is {rec.status}"}, "not_found")
+    sb = rec.sandbox
+    if rec.status != "RUNNING" or sb is None:
+        raise GatewayRefusal(409, {"error": "sandbox_not_running", "message": f"sandbox {job_id} is {rec.status}"}, "unavailable")
+    rec.touch()
+    return rec, sb
+
+
+def _event(**kw: object) -> pb.StartResponse:
+    return pb.StartResponse(event=pb.CommandSessionEvent(**kw))  # type: ignore[arg-type]
+
+
+def _end(code: int, error: str | None = None) -> pb.StartResponse:
+    end = pb.CommandSessionEvent.EndEvent(exit_code=code, exited=error is None, status=f"exit status {code}")
+    if error:
+        end.error = error
+    return _event(end=end)
+
+
+def _data(kind: str, data: bytes) -> list[pb.StartResponse]:
+    return [
+        _event(data=pb.CommandSessionEvent.DataEvent(**{kind: data[i : i + DATA_CHUNK]}))
+        for i in range(0, len(data), DATA_CHUNK)
+    ]
+
+
+def build_router(service: Service) -> APIRouter:
+    router = APIRouter(prefix="/gateway/{user_ns}/{job_id}", tags=["gateway"])
+
+    # ---- Connect: command_session.CommandSession ---------------------------------------
+
+    @router.post(f"/{SERVICE}/{{method}}", summary="Connect RPC (command_session.CommandSession)")
+    async def rpc(user_ns: str, job_id: str, method: str, request: Request) -> Response:
+        stream = method in ("Start", "Connect")
+        try:
+            codec = Codec.from_content_type(request.headers.get("content-type", ""), stream=stream)
+        except ConnectFault as fault:
+            codec, stream_fault = Codec("proto"), fault
+            return _stream_error(codec, stream_fault) if stream else _unary_error(fault)
+        try:
+            deadline = parse_timeout_ms(request.headers.get("connect-timeout-ms"))
+            body = await request.body()
+            if stream:
+                msgs = list(iter_envelopes(body, request.headers.get("connect-content-encoding")))
+                if len(msgs) != 1:
+                    raise ConnectFault("invalid_argument", f"expected one request message, got {len(msgs)}")
+                raw = msgs[0]
+            else:
+                raw = body
+            rec, sb = _resolve(service, request, user_ns, job_id)
+        except GatewayRefusal as refusal:
+            fault = refusal.connect()
+            return _stream_error(codec, fault) if stream else _unary_error(fault)
+        except ConnectFault as fault:
+            return _stream_error(codec, fault) if stream else _unary_error(fault)
+
+        try:
+            if method == "Start":
+                return await _start(service, rec, sb, codec.decode(raw, pb.StartRequest), codec, deadline)
+            if method == "Connect":
+                req = codec.decode(raw, pb.ConnectRequest)
+                sess = _session(rec, req.session)
+                return _stream(codec, _follow(sess), deadline, rec)
+            if method == "SendInput":
+                req_in = codec.decode(raw, pb.SendInputRequest)
+                sess = _session(rec, req_in.session)
+                key = f"in:{req_in.input_uuid}" if req_in.HasField("input_uuid") else None
+                if key is None or key not in sess.seen:
+                    if sess.ended_at is not None:
+                        raise ConnectFault("failed_precondition", "process has exited")
+                    data = req_in.input.stdin if req_in.input.HasField("stdin") else req_in.input.pty
+                    await sess.process.write_stdin(bytes(data))
+                    if key:
+                        sess.seen.add(key)
+                return _unary(codec, pb.SendInputResponse())
+            if method == "SendSignal":
+                req_sig = codec.decode(raw, pb.SendSignalRequest)
+                sess = _session(rec, req_sig.session)
+                if req_sig.signal not in (9, 15):
+                    raise ConnectFault("invalid_argument", f"unsupported signal {req_sig.signal}; use SIGTERM or SIGKILL")
+                key = f"sig:{req_sig.signal_uuid}" if req_sig.HasField("signal_uuid") else None
+                if (key is None or key not in sess.seen) and sess.ended_at is None:
+                    await sess.process.signal(req_sig.signal)
+                    if key:
+                        sess.seen.add(key)
+                return _unary(codec, pb.SendSignalResponse())
+            if method == "List":
+                codec.decode(raw, pb.ListRequest)
+                assert rec.sessions is not None
+                infos = [
+                    pb.CommandSessionInfo(
+                        command=pb.CommandSpec(cmd=s.argv[0], args=s.argv[1:]),
+                        pid=s.process.pid,
+                        session_uuid=s.uuid,
+                    )
+                    for s in rec.sessions.running()
+                ]
+                return _unary(codec, pb.ListResponse(sessions=infos))
+            raise ConnectFault("unimplemented", f"{SERVICE}/{method} is not supported by this server")
+        except ConnectFault as fault:
+            return _stream_error(codec, fault) if stream else _unary_error(fault)
+        except SandboxGoneError as exc:
+            fault = ConnectFault("not_found", str(exc))
+            return _stream_error(codec, fault) if stream else _unary_error(fault)
+        except Exception as exc:
+            log.exception("gateway %s failed", method)
+            fault = ConnectFault("internal", f"{type(exc).__name__}: {exc}")
+            return _stream_error(codec, fault) if stream else _unary_error(fault)
+
+    # ---- files -------------------------------------------------------------------------
+
+    @router.post("/upload", response_model=UploadOut, summary="Upload a file (multipart field `file`)")
+    async def upload(
+        user_ns: str,
+        job_id: str,
+        request: Request,
+        path: str = Query(min_length=1, max_length=4096),
+        file: UploadFile = File(...),
+        sandbox_id: str | None = Query(None),
+    ) -> Response:
+        try:
+            rec, sb = _resolve(service, request, user_ns, job_id)
+        except GatewayRefusal as refusal:
+            return refusal.http()
+        if "\x00" in path:
+            return JSONResponse({"error": "invalid_path", "message": "path contains NUL"}, status_code=400)
+        data = await file.read()
+        rec.active_ops += 1
+        try:
+            await sb.write_file(path, data)
+        except SandboxGoneError as exc:
+            return JSONResponse({"error": "sandbox_terminated", "message": str(exc)}, status_code=410)
+        except Exception as exc:
+            return JSONResponse({"error": "upload_failed", "message": f"{type(exc).__name__}: {exc}"}, status_code=400)
+        finally:
+            rec.active_ops -= 1
+        rec.log(f"upload {path} ({len(data)} bytes)")
+        out = UploadOut(success=True, path=sb.resolve(path), size=len(data), timestamp=datetime.now(timezone.utc))
+        return JSONResponse(out.model_dump(mode="json"))
+
+    async def _read(request: Request, user_ns: str, job_id: str, path: str) -> bytes | Response:
+        try:
+            rec, sb = _resolve(service, request, user_ns, job_id)
+        except GatewayRefusal as refusal:
+            return refusal.http()
+        rec.active_ops += 1
+        try:
+            return await sb.read_file(path)
+        except SandboxFileNotFound:
+            return JSONResponse({"error": "file_not_found", "message": f"File not found: {path}"}, status_code=404)
+        except SandboxGoneError as exc:
+            return JSONResponse({"error": "sandbox_terminated", "message": str(exc)}, status_code=410)
+        except Exception as exc:
+            return JSONResponse({"error": "read_failed", "message": f"{type(exc).__name__}: {exc}"}, status_code=400)
+        finally:
+            rec.active_ops -= 1
+
+    @router.get("/download", summary="Download a file (raw bytes)")
+    async def download(
+        user_ns: str,
+        job_id: str,
+        request: Request,
+        path: str = Query(min_length=1, max_length=4096),
+        sandbox_id: str | None = Query(None),
+    ) -> Response:
+        data = await _read(request, user_ns, job_id, path)
+        if isinstance(data, Response):
+            return data
+        return Response(data, media_type="application/octet-stream")
+
+    @router.get("/read-file", response_model=ReadFileOut, summary="Read a file as text, optionally a byte window")
+    async def read_file(
+        user_ns: str,
+        job_id: str,
+        request: Request,
+        path: str = Query(min_length=1, max_length=4096),
+        offset: int | None = Query(None, ge=-(1 << 40), le=1 << 40, description="negative: from the end"),
+        length: int | None = Query(None, ge=0, le=1 << 40),
+    ) -> Response:
+        data = await _read(request, user_ns, job_id, path)
+        if isinstance(data, Response):
+            return data
+        total = len(data)
+        if offset is None and length is None:
+            if total > MAX_READ_BYTES:
+                return JSONResponse(
+                    {"error": "file_too_large", "message": f"{total} bytes > {MAX_READ_BYTES}; read a window"},
+                    status_code=413,
+                )
+            out = ReadFileOut(content=data.decode("utf-8", errors="replace"), size=total, total_size=total, offset=0, truncated=False)
+        else:
+            start = offset or 0
+            start = max(0, total + start) if start < 0 else min(start, total)
+            end = total if length is None else min(total, start + min(length, MAX_READ_BYTES))
+            window = data[start:end]
+            out = ReadFileOut(
+                content=window.decode("utf-8", errors="replace"),
+                size=len(window),
+                total_size=total,
+                offset=start,
+                truncated=start > 0 or end < total,
+            )
+        return JSONResponse(out.model_dump(mode="json"))
+
+    return router
+
+
+# ---- Connect plumbing ------------------------------------------------------------------
+
+
+def _unary(codec: Codec, msg: object) -> Response:
+    return Response(codec.encode(msg), media_type=codec.unary_content_type())  # type: ignore[arg-type]
+
+
+def _unary_error(fault: ConnectFault) -> Response:
+    return JSONResponse(fault.to_dict(), status_code=fault.http_status)
+
+
+def _stream_error(codec: Codec, fault: ConnectFault) -> Response:
+    return Response(end_stream(fault), media_type=codec.stream_content_type())
+
+
+def _session(rec: Record, selector: pb.CommandSessionSelector) -> Session:
+    assert rec.sessions is not None
+    uuid = selector.session_uuid if selector.HasField("session_uuid") else None
+    pid = selector.pid if selector.HasField("pid") else None
+    sess = rec.sessions.get(uuid, pid)
+    if sess is None:
+        raise ConnectFault("not_found", "no such command session (it exited and expired, or never existed)")
+    return sess
+
+
+def _stream(codec: Codec, events: AsyncIterator[pb.StartResponse], deadline: float | None, rec: Record) -> StreamingResponse:
+    """Envelopes from `events`, keepalives while quiet, `deadline_exceeded` at the deadline."""
+
+    async def body() -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        stop_at = loop.time() + deadline if deadline is not None else None
+        it = events.__aiter__()
+        pending: asyncio.Task[pb.StartResponse] | None = None
+        rec.active_ops += 1
+        try:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(it.__anext__())
+                wait = KEEPALIVE_S if stop_at is None else max(0.0, min(KEEPALIVE_S, stop_at - loop.time()))
+                done, _ = await asyncio.wait({pending}, timeout=wait)
+                if not done:
+                    if stop_at is not None and loop.time() >= stop_at:
+                        yield end_stream(ConnectFault("deadline_exceeded", "command deadline exceeded"))
+                        return
+                    yield envelope(codec.encode(_event(keepalive=pb.CommandSessionEvent.KeepAlive())))
+                    continue
+                task, pending = pending, None
+                try:
+                    msg = task.result()
+                except StopAsyncIteration:
+                    yield end_stream()
+                    return
+                except ConnectFault as fault:
+                    yield end_stream(fault)
+                    return
+                except SandboxGoneError as exc:
+                    yield end_stream(ConnectFault("not_found", str(exc)))
+                    return
+                except Exception as exc:
+                    log.exception("command stream failed")
+                    yield end_stream(ConnectFault("internal", f"{type(exc).__name__}: {exc}"))
+                    return
+                yield envelope(codec.encode(msg))
+        finally:
+            rec.active_ops -= 1
+            rec.touch()
+            if pending is not None:
+                pending.cancel()
+            aclose = getattr(it, "aclose", None)
+            if aclose is not None:
+                try:
+                    await aclose()
+                except Exception:
+                    pass
+
+    return StreamingResponse(body(), media_type=codec.stream_content_type())
+
+
+async def _start(
+    service: Service, rec: Record, sb: Sandbox, req: pb.StartRequest, codec: Codec, deadline: float | None
+) -> Response:
+    spec = req.command
+    argv = [spec.cmd, *spec.args] if spec.cmd else list(spec.args)
+    if not argv:
+        raise ConnectFault("invalid_argument", "command.cmd is empty")
+    if spec.HasField("user") and spec.user and spec.user != (sb.spec.user or spec.user):
+        raise ConnectFault("invalid_argument", f"running as user {spec.user!r} is not supported here")
+    env = dict(spec.envs)
+    cwd = spec.cwd if spec.HasField("cwd") and spec.cwd else None
+    service.counters["execs"] += 1
+    if req.HasField("stdin") and req.stdin:
+        return await _start_live(service, rec, sb, req, argv, env, cwd, codec, deadline)
+
+    async def run() -> AsyncIterator[pb.StartResponse]:
+        yield _event(start=pb.CommandSessionEvent.StartEvent(pid=0))
+        # exec's timeout kills the command and its children at the deadline; the stream's
+        # own deadline is a few seconds later, a backstop for an exec that hangs.
+        res = await sb.exec(argv, timeout=deadline, env=env, cwd=cwd)
+        rec.log(f"exec exit={res.exit_code} timed_out={res.timed_out} {argv[-1][:200]!r}")
+        if res.timed_out:
+            raise ConnectFault("deadline_exceeded", f"command timed out after {deadline}s")
+        for m in _data("stdout", res.stdout_bytes) + _data("stderr", res.stderr_bytes):
+            yield m
+        yield _end(res.exit_code)
+
+    return _stream(codec, run(), deadline + 5.0 if deadline is not None else None, rec)
+
+
+async def _start_live(
+    service: Service,
+    rec: Record,
+    sb: Sandbox,
+    req: pb.StartRequest,
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str | None,
+    codec: Codec,
+    deadline: float | None,
+) -> Response:
+    assert rec.sessions is not None
+    uuid = req.session_uuid if req.HasField("session_uuid") and req.session_uuid else None
+    sess = rec.sessions.get(uuid) if uuid else None
+    if sess is None:
+        proc = ShellLiveProcess(sb, argv)
+        await proc.start(env, cwd)
+        sess = Session(uuid=uuid or str(uuidlib.uuid4()), argv=argv, cwd=cwd, process=proc)
+        rec.sessions.add(sess)
+        events = _follow(sess)  # subscribed before the pump starts: no output is missed
+        service._spawn(sess.pump)
+        rec.log(f"live process {sess.uuid} pid={proc.pid} {argv[-1][:200]!r}")
+    else:
+        events = _follow(sess)
+    return _stream(codec, events, deadline, rec)
+
+
+def _follow(sess: Session) -> AsyncIterator[pb.StartResponse]:
+    send, recv = sess.subscribe()
+
+    async def gen() -> AsyncIterator[pb.StartResponse]:
+        try:
+            yield _event(start=pb.CommandSessionEvent.StartEvent(pid=sess.process.pid))
+            async for kind, value in recv:
+                if kind == "exit":
+                    yield _end(int(value))  # type: ignore[arg-type]
+                    return
+                yield from_data(kind, value)  # type: ignore[arg-type]
+            if sess.error:
+                raise ConnectFault("internal", f"live process failed: {sess.error}")
+        finally:
+            sess.unsubscribe(send)
+
+    return gen()
+
+
+def from_data(kind: str, value: bytes) -> pb.StartResponse:
+    return _event(data=pb.CommandSessionEvent.DataEvent(**{kind: value}))
+
