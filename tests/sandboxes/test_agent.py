@@ -19,13 +19,13 @@ import anyio
 import pytest
 
 from sandgym.sandboxes.agent import (
-    AGENT_DIR,
     SERVER_PATH,
     AgentClient,
     AgentRequestError,
     AgentUnresponsiveError,
     BatchJob,
     agent_command,
+    agent_volumes,
 )
 from sandgym.sandboxes.agent import server as agent_server
 from sandgym.sandboxes.errors import SandboxFileNotFound, SandboxGoneError
@@ -179,11 +179,19 @@ async def test_output_cap_keeps_draining(client: AgentClient) -> None:
     assert r.stdout == "12345" and not r.truncated
 
 
-async def test_background_child_holding_pipes_does_not_block(client: AgentClient) -> None:
+async def test_background_child_holding_pipes_does_not_block(client: AgentClient, tmp_path: Path) -> None:
     m = _marker()
+    done = tmp_path / "done"
+    # The child keeps writing to the inherited stdout after the command returned: the agent
+    # must not block on it, and must not close the pipe under it (EPIPE would kill it).
+    script = f"(sleep 0.3; for i in 1 2 3; do echo tick; sleep 0.1; done; touch {done}; sleep {m}) & echo started"
     try:
-        r = await client.exec(["sh", "-c", f"sleep {m} & echo started"], timeout=20)
+        r = await client.exec(["sh", "-c", script], timeout=20)
         assert r.exit_code == 0 and r.stdout == "started\n" and not r.timed_out
+        end = time.monotonic() + 15
+        while not done.exists() and time.monotonic() < end:
+            await anyio.sleep(0.05)
+        assert done.exists()
         assert _pids_with(m)  # left running: only a timeout kills the group
     finally:
         _kill_marked(m)
@@ -430,7 +438,8 @@ def container_sock() -> Iterator[tuple[object, Path]]:
     except docker.errors.ImageNotFound:
         pytest.skip(f"image {IMAGE} not built yet")
     host_dir = Path(tempfile.mkdtemp(prefix="sandgym-agent-"))
-    host_dir.chmod(0o777)  # the agent (uid 1000) creates its socket here
+    os.chown(host_dir, 1000, 1000)  # the agent (uid 1000) creates its socket here;
+    host_dir.chmod(0o700)  # nobody else on the host may connect (root still can)
     ctr = engine.containers.run(
         IMAGE,
         agent_command(ttl_s=600),
@@ -444,10 +453,7 @@ def container_sock() -> Iterator[tuple[object, Path]]:
         mem_limit="128m",
         memswap_limit="128m",
         pids_limit=256,
-        volumes={
-            str(host_dir): {"bind": "/run/sandgym", "mode": "rw"},
-            str(AGENT_DIR): {"bind": "/opt/sandgym-agent", "mode": "ro"},
-        },
+        volumes=agent_volumes(host_dir),
         labels={"sandgym.owner": "test-agent"},
     )
     try:

@@ -12,6 +12,7 @@ from .client import (
     AgentUnresponsiveError,
     BatchJob,
     agent_command,
+    agent_volumes,
 )
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "AgentUnresponsiveError",
     "BatchJob",
     "agent_command",
+    "agent_volumes",
 ]

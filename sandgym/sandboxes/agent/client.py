@@ -2,11 +2,14 @@
 
 Starting the agent in a Docker container (what a provider does):
 
-- Host directory for the socket: a fresh per-sandbox directory, e.g. a tempdir, with mode
-  0777 (or chowned to the container user) because the agent runs as uid 1000 and must
-  create the socket in it. Bind-mount it read-write at `/run/sandgym`.
+- Host directory for the socket: a fresh per-sandbox directory (a tempdir) that the
+  container user can create files in, since the agent (uid 1000 in sandgym/python) makes
+  the socket there: `os.chown(d, 1000, 1000); os.chmod(d, 0o700)` when the host side runs
+  as root (root still connects), else `os.chmod(d, 0o777)`. Bind-mount it read-write at
+  `/run/sandgym`. The socket itself is created 0777.
 - The agent's code: bind-mount `AGENT_DIR` (this package's folder) read-only at
-  `/opt/sandgym-agent`. Works with a read-only root, network none, cap_drop ALL and any user.
+  `/opt/sandgym-agent`. `agent_volumes(host_dir)` gives both mounts in the Docker SDK's
+  `volumes=` form. Works with a read-only root, network none, cap_drop ALL, no-new-privileges.
 - Command (the container's main process, so the container dies with it):
   `agent_command(ttl_s)` = `python3 -I /opt/sandgym-agent/server.py --socket
   /run/sandgym/agent.sock --ttl <ttl_s>`. With `init=True` docker-init reaps zombies;
@@ -74,6 +77,14 @@ def agent_command(ttl_s: float | None = None, socket_path: str | None = None) ->
     if ttl_s:
         cmd += ["--ttl", str(float(ttl_s))]
     return cmd
+
+
+def agent_volumes(host_socket_dir: str | os.PathLike[str]) -> dict[str, dict[str, str]]:
+    """Docker SDK `volumes=` entries: the socket directory (rw) and the agent code (ro)."""
+    return {
+        str(host_socket_dir): {"bind": CONTAINER_SOCKET_DIR, "mode": "rw"},
+        str(AGENT_DIR): {"bind": CONTAINER_AGENT_DIR, "mode": "ro"},
+    }
 
 
 class AgentUnresponsiveError(SandboxGoneError):

@@ -47,8 +47,9 @@ PROTOCOL = 1
 _LEN = struct.Struct(">I")
 MAX_HEADER = 16 << 20
 CHUNK = 1 << 16
-# After the command exits, how long to keep reading pipes that background children still
-# hold open (e.g. `server &`); they are then abandoned, not killed.
+# After the command exits, how long to keep collecting from pipes that background children
+# still hold open (e.g. `server &`). Past that the result is sent; those children are not
+# killed, and their later output is read and dropped (so they never see EPIPE).
 LINGER_S = 0.25
 # After a kill, how long to wait for the pipes to close before giving up on them.
 KILL_DRAIN_S = 2.0
@@ -149,6 +150,45 @@ class Registry:
 
 
 REGISTRY = Registry()
+
+
+class Drainer:
+    """One thread that reads and discards what background children keep writing to pipes
+    whose command already finished, closing each pipe at EOF."""
+
+    def __init__(self) -> None:
+        self.sel: Optional[selectors.BaseSelector] = None
+        self.lock = threading.Lock()
+        self.wake_w = -1
+
+    def adopt(self, pipe: Any) -> None:
+        with self.lock:
+            if self.sel is None:
+                self.sel = selectors.DefaultSelector()
+                wake_r, self.wake_w = os.pipe()
+                self.sel.register(wake_r, selectors.EVENT_READ, None)
+                threading.Thread(target=self._run, name="drainer", daemon=True).start()
+            self.sel.register(pipe, selectors.EVENT_READ, pipe)
+            os.write(self.wake_w, b"x")
+
+    def _run(self) -> None:
+        assert self.sel is not None
+        while True:
+            for key, _ in self.sel.select():
+                try:
+                    data = os.read(key.fd, CHUNK)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if key.data is None or data:
+                    continue  # a wake-up byte, or output nobody waits for
+                with self.lock:
+                    self.sel.unregister(key.fileobj)
+                key.fileobj.close()  # type: ignore[union-attr]
+
+
+DRAINER = Drainer()
 
 
 def _killpg(pgid: int) -> None:
@@ -278,6 +318,7 @@ def _supervise(
     sel = selectors.DefaultSelector()
     assert proc.stdout is not None and proc.stderr is not None
     open_pipes = 2
+    live = {proc.stdout, proc.stderr}  # output pipes not yet at EOF
     sel.register(proc.stdout, selectors.EVENT_READ, ("out", out))
     sel.register(proc.stderr, selectors.EVENT_READ, ("err", err))
     view = memoryview(stdin or b"")
@@ -298,6 +339,7 @@ def _supervise(
     killed_at: Optional[float] = None
     timed_out = False
     exited_at: Optional[float] = None
+    finished = False
     try:
         while True:
             now = time.monotonic()
@@ -324,6 +366,7 @@ def _supervise(
                         continue
                     if not chunk:
                         sel.unregister(key.fileobj)
+                        live.discard(key.fileobj)  # type: ignore[arg-type]
                         open_pipes -= 1
                         continue
                     kept = buf.write(chunk)
@@ -347,12 +390,17 @@ def _supervise(
                     if killed_at is None:
                         _killpg(proc.pid)
                         killed_at = time.monotonic()
+        finished = True
     finally:
         sel.close()
         if pidfd >= 0:
             os.close(pidfd)
         for pipe in (proc.stdin, proc.stdout, proc.stderr):
-            if pipe is not None:
+            if pipe is None or pipe.closed:
+                continue
+            if finished and pipe in live:
+                DRAINER.adopt(pipe)  # still held by a background child
+            else:
                 try:
                     pipe.close()
                 except OSError:
