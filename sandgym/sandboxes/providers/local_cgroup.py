@@ -41,7 +41,16 @@ class CgroupSet:
         try:
             for ctrl, parent in parents.items():
                 path = os.path.join(parent, name)
-                os.mkdir(path, 0o755)
+                for _ in range(20):
+                    # The parent may be going away under a concurrent destroy(): recreate.
+                    os.makedirs(parent, 0o755, exist_ok=True)
+                    try:
+                        os.mkdir(path, 0o755)
+                        break
+                    except FileNotFoundError:
+                        continue
+                else:
+                    raise OSError(errno.ENOENT, "cgroup parent keeps disappearing", parent)
                 made[ctrl] = path
                 if ctrl == "memory":
                     limit = str(memory_mb << 20)
@@ -120,6 +129,10 @@ class CgroupSet:
                     if e.errno != errno.EBUSY or time.monotonic() > deadline:
                         break
                     time.sleep(0.02)
+            # Drop the shared parent once the last sandbox is gone, so nothing of ours is left
+            # inside a cgroup that belongs to whoever started us (EBUSY: others still live).
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(p))
 
 
 def kill_until_gone(list_pids, timeout: float) -> bool:  # noqa: ANN001 - callable -> set[int]

@@ -85,7 +85,6 @@ async def run_process(
     launch: Launch,
     cpu_limit_s: int,
     oom_counter: Callable[[], int | None] | None = None,
-    on_timeout: Callable[[], None] | None = None,
 ) -> ExecResult:
     """Run `argv` to completion or `timeout`; never raises for a failing command."""
     out, err = CappedBuffer(limit), CappedBuffer(limit)
@@ -119,8 +118,6 @@ async def run_process(
             # The process group holds the command (and, under bwrap, the namespace's init,
             # whose death takes every process in the pid namespace with it).
             _killpg(proc.pid)
-            if on_timeout is not None:
-                on_timeout()
             await proc.wait()
         _, pending = await asyncio.wait(tasks, timeout=_DRAIN_GRACE_S)
         for t in pending:

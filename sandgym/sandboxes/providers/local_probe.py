@@ -6,6 +6,7 @@ because "the binary exists" says nothing in containers, VMs and locked-down kern
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -137,6 +138,10 @@ def probe_cgroups() -> tuple[dict[str, str], str | None]:
         except OSError as e:
             errors.append(f"{c}: {e.strerror} ({parent})")
             continue
+        finally:
+            # Leave nothing behind; sandboxes recreate the parent (EBUSY: some live).
+            with contextlib.suppress(OSError):
+                os.rmdir(parent)
         found[c] = parent
     return found, ("; ".join(errors) or None)
 
