@@ -250,9 +250,10 @@ class DockerProvider:
             memswap_limit=spec.memory_mb * _MIB,  # equal: no swap beyond memory
             nano_cpus=int(spec.cpu * 1e9),
             read_only=True,
+            # Docker mounts tmpfs noexec by default; a code sandbox must run what it builds.
             tmpfs={
-                spec.workdir: f"size={size},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755",
-                "/tmp": f"size={size},mode=1777",
+                spec.workdir: f"size={size},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,exec",
+                "/tmp": f"size={size},mode=1777,exec",
             },
             init=bool(self._engine_info().get("InitBinary")) or None,
         )

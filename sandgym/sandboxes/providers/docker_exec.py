@@ -227,6 +227,7 @@ class DockerExecTransport:
     ) -> ExecResult:
         token = uuid.uuid4().hex
         env[EXEC_ID_ENV] = token
+        timeout = max(timeout, 0.001)  # `timeout 0` would mean "no limit"
         started = time.monotonic()
         wrapped = self.use_timeout_wrapper
         full = ["timeout", "-s", "KILL", f"{timeout:.3f}", *argv] if wrapped else argv

@@ -1,0 +1,406 @@
+"""The docker provider against the real engine and the real sandgym/python image.
+
+Each test creates its own containers (or uses the module's shared one) carrying a run label,
+and the module removes everything with that label at the end, whatever happened.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from sandgym.sandboxes.errors import SandboxFileNotFound, SandboxGoneError, SpecError
+from sandgym.sandboxes.providers.docker import DockerProvider, DockerSandbox
+from sandgym.sandboxes.providers.docker_transport import Transport
+from sandgym.sandboxes.spec import LABEL_OWNER, SandboxSpec
+
+pytestmark = [pytest.mark.anyio, pytest.mark.docker]
+
+RUN = uuid.uuid4().hex[:12]
+LABELS = {LABEL_OWNER: "test-docker-provider", "sandgym.run": RUN}
+SPEC = SandboxSpec(memory_mb=512, disk_mb=32, pids=128, ttl_s=900, exec_timeout_s=60)
+
+
+def _engine_reachable() -> str | None:
+    try:
+        import docker
+
+        docker.from_env().ping()
+    except Exception as exc:
+        return f"Docker engine unreachable: {exc!r}"
+    return None
+
+
+_UNREACHABLE = _engine_reachable()
+if _UNREACHABLE:
+    pytest.skip(_UNREACHABLE, allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def provider() -> AsyncIterator[DockerProvider]:
+    p = DockerProvider()
+    try:
+        yield p
+    finally:
+        for info in await p.list({"sandgym.run": RUN}):  # whatever a failing test left
+            await p.remove(info.id)
+        assert await p.list({"sandgym.run": RUN}) == []
+        await p.aclose()
+
+
+@pytest.fixture(scope="module")
+async def sb(provider: DockerProvider) -> AsyncIterator[DockerSandbox]:
+    """One sandbox shared by the tests that leave it as they found it."""
+    box = await provider.create(SPEC, LABELS)
+    try:
+        yield box
+    finally:
+        await box.close()
+
+
+@pytest.fixture
+async def fresh(provider: DockerProvider) -> AsyncIterator[list[DockerSandbox]]:
+    """Sandboxes a single test creates; closed after it."""
+    made: list[DockerSandbox] = []
+    try:
+        yield made
+    finally:
+        for box in made:
+            await box.close()
+
+
+async def _new(provider: DockerProvider, made: list[DockerSandbox], **update: object) -> DockerSandbox:
+    box = await provider.create(SPEC.model_copy(update=update), LABELS)
+    made.append(box)
+    return box
+
+
+async def _procs(box: DockerSandbox, pattern: str) -> list[str]:
+    """Command lines of processes matching `pattern` (excluding the ps/grep themselves)."""
+    r = await box.exec(["ps", "-eo", "args="])
+    assert r.exit_code == 0, r.stderr
+    return [line for line in r.stdout.splitlines() if pattern in line and not line.startswith("ps ")]
+
+
+# -- spec checks ---------------------------------------------------------------------------
+
+
+async def test_check_rejects_unknown_image(provider: DockerProvider) -> None:
+    spec = SPEC.model_copy(update={"image": "sandgym/does-not-exist:latest"})
+    with pytest.raises(SpecError, match=r"image.*not found locally.*sandgym images build"):
+        provider.check(spec)
+    with pytest.raises(SpecError, match="image"):
+        await provider.create(spec, LABELS)
+    assert await provider.list({"sandgym.run": RUN, "x": "never"}) == []
+
+
+async def test_check_rejects_memory_beyond_host(provider: DockerProvider) -> None:
+    with pytest.raises(SpecError, match=r"memory_mb=1048576.*allowed range: \[16, \d+\]"):
+        provider.check(SPEC.model_copy(update={"memory_mb": 1024 * 1024}))
+
+
+async def test_check_rejects_gpus_without_runtime(provider: DockerProvider) -> None:
+    if provider._has_gpu_runtime(provider.api.info()):
+        pytest.skip("this engine has a GPU runtime")
+    with pytest.raises(SpecError, match=r"gpus=1.*no GPU runtime"):
+        provider.check(SPEC.model_copy(update={"gpus": 1}))
+
+
+async def test_check_rejects_network_without_bridge(provider: DockerProvider) -> None:
+    if any(n["Name"] == "bridge" for n in provider.api.networks()):
+        pytest.skip("this engine has a default bridge network")
+    with pytest.raises(SpecError, match=r"network=True.*--bridge=none"):
+        provider.check(SPEC.model_copy(update={"network": True}))
+
+
+# -- hardening -----------------------------------------------------------------------------
+
+
+async def test_container_is_hardened(provider: DockerProvider, sb: DockerSandbox) -> None:
+    cfg = provider.api.inspect_container(sb.id)
+    host = cfg["HostConfig"]
+    assert host["NetworkMode"] == "none"
+    assert host["CapDrop"] == ["ALL"]
+    assert host["SecurityOpt"] == ["no-new-privileges"]
+    assert host["ReadonlyRootfs"] is True
+    assert host["AutoRemove"] is True
+    assert host["PidsLimit"] == SPEC.pids
+    assert host["Memory"] == host["MemorySwap"] == SPEC.memory_mb << 20
+    assert host["NanoCpus"] == int(SPEC.cpu * 1e9)
+    assert host["Init"] is True
+    assert set(host["Tmpfs"]) == {SPEC.workdir, "/tmp"}
+    assert f"size={SPEC.disk_mb}m" in host["Tmpfs"][SPEC.workdir]
+    assert cfg["Config"]["User"] == "1000:1000"
+    assert cfg["Config"]["Labels"]["sandgym.run"] == RUN
+    assert cfg["Config"]["Entrypoint"] == ["sleep"] and cfg["Config"]["Cmd"] == ["900"]
+
+
+async def test_runs_as_non_root_without_capabilities(sb: DockerSandbox) -> None:
+    r = await sb.exec("id -u; grep CapEff /proc/self/status")
+    uid, caps = r.stdout.splitlines()
+    assert uid == "1000"
+    assert caps.split()[1] == "0000000000000000"
+
+
+async def test_root_is_read_only_but_workdir_and_tmp_are_writable(sb: DockerSandbox) -> None:
+    for path in ("/x", "/etc/x", "/usr/x", "/home/sandbox/x"):
+        r = await sb.exec(f"echo no > {path}")
+        assert r.exit_code != 0, path
+        assert "Read-only file system" in r.stderr or "Permission denied" in r.stderr, r.stderr
+    r = await sb.exec("echo yes > /workspace/ok && echo yes > /tmp/ok && cat /workspace/ok /tmp/ok")
+    assert r.stdout == "yes\nyes\n", r.stderr
+    await sb.exec("rm -f /workspace/ok /tmp/ok")
+
+
+async def test_no_network(sb: DockerSandbox) -> None:
+    probe = (
+        "import socket, sys\n"
+        "for host, port in (('127.0.0.1', 80), ('1.1.1.1', 53)):\n"
+        "    s = socket.socket(); s.settimeout(3)\n"
+        "    try:\n"
+        "        s.connect((host, port)); print(host, 'CONNECTED')\n"
+        "    except OSError as e:\n"
+        "        print(host, 'failed', type(e).__name__)\n"
+    )
+    r = await sb.exec(["python3", "-c", probe])
+    assert r.exit_code == 0, r.stderr
+    assert "CONNECTED" not in r.stdout
+    assert r.stdout.count("failed") == 2, r.stdout
+    ifaces = (await sb.exec("ls /sys/class/net")).stdout.split()
+    assert ifaces == ["lo"]
+
+
+async def test_disk_is_limited_by_tmpfs(sb: DockerSandbox) -> None:
+    for d in ("/workspace", "/tmp"):
+        r = await sb.exec(f"dd if=/dev/zero of={d}/fill bs=1M count={SPEC.disk_mb * 2}")
+        assert r.exit_code != 0
+        assert "No space left on device" in r.stderr, r.stderr
+        r = await sb.exec(f"rm -f {d}/fill && echo gone")
+        assert r.stdout == "gone\n"
+
+
+async def test_memory_bomb_is_oom_killed(provider: DockerProvider, fresh: list[DockerSandbox]) -> None:
+    box = await _new(provider, fresh, memory_mb=64)
+    r = await box.exec(["python3", "-c", "x = bytearray(2**29)"])
+    assert r.exit_code == 137 and r.oom_killed and not r.timed_out, r
+    # The sandbox survives, and a later ordinary kill -9 is not blamed on the OOM killer.
+    assert (await box.exec("echo alive")).stdout == "alive\n"
+    r = await box.exec("kill -9 $$")
+    assert r.exit_code == 137 and not r.oom_killed
+
+
+async def test_fork_bomb_is_contained(provider: DockerProvider, fresh: list[DockerSandbox]) -> None:
+    box = await _new(provider, fresh, pids=64)
+    bomb = (
+        "import os, time\n"
+        "while True:\n"
+        "    try:\n"
+        "        os.fork()\n"
+        "    except OSError:\n"
+        "        time.sleep(0.01)\n"
+    )
+    r = await box.exec(["python3", "-c", bomb], timeout=5)
+    assert r.timed_out and r.exit_code == 124
+    # The pids cgroup refused forks (the limit was reached), the bomb is gone, the box answers.
+    events = await box.exec("cat /sys/fs/cgroup/pids/pids.events /sys/fs/cgroup/pids.events 2>/dev/null")
+    assert int(events.stdout.split()[1]) > 0, events.stdout
+    assert (await box.exec("echo alive")).stdout == "alive\n"
+    assert await _procs(box, "python3 -c") == []
+    # The classic shell bomb: its first shell returns at once and leaves the bomb running in
+    # the background; the pids limit holds it, and the sandbox still answers (a try may lose
+    # the race for a free pid while the bomb churns, hence a few tries).
+    r = await box.exec(":(){ :|:& };:", timeout=10)
+    assert not r.timed_out
+    answers = []
+    for _ in range(10):
+        r = await box.exec("echo alive; ps -e --no-headers | wc -l", timeout=10)
+        if r.exit_code == 0:
+            answers.append(r.stdout.split())
+            break
+        await anyio.sleep(0.5)
+    assert answers and answers[0][0] == "alive"
+    assert int(answers[0][1]) <= 64
+
+
+async def test_timeout_kills_the_command_and_all_its_children(sb: DockerSandbox) -> None:
+    t0 = time.monotonic()
+    r = await sb.exec("sleep 100 & setsid sleep 101 & sleep 102; echo never", timeout=2)
+    elapsed = time.monotonic() - t0
+    print(f"sleep 100 with timeout 2 came back after {elapsed:.2f} s")
+    assert r.timed_out and r.exit_code == 124
+    assert "never" not in r.stdout
+    assert elapsed < 100  # it did not wait for the command to end on its own
+    # Children in the process group, and the one that left it with setsid, are all gone.
+    assert await _procs(sb, "sleep 10") == []
+
+
+async def test_background_child_does_not_hold_exec_open(sb: DockerSandbox) -> None:
+    r = await sb.exec("sleep 30 & echo started", timeout=20)
+    assert r.exit_code == 0 and not r.timed_out and r.stdout == "started\n"
+    assert await _procs(sb, "sleep 30") != []  # background work keeps running, as in a shell
+    await sb.exec("pkill -f 'sleep 30'")
+
+
+async def test_cancelled_exec_kills_its_processes(sb: DockerSandbox) -> None:
+    with anyio.move_on_after(1.5) as scope:
+        await sb.exec("sleep 55", timeout=60)
+    assert scope.cancelled_caught
+    # The worker thread sweeps the command's processes shortly after the cancel.
+    for _ in range(50):
+        if not await _procs(sb, "sleep 55"):
+            break
+        await anyio.sleep(0.1)
+    assert await _procs(sb, "sleep 55") == []
+
+
+async def test_output_is_capped_without_buffering_it_all(sb: DockerSandbox) -> None:
+    r = await sb.exec("head -c 10000000 /dev/zero; head -c 3000000 /dev/zero >&2; echo done >&2")
+    assert r.exit_code == 0 and r.truncated
+    assert r.output_limit == SPEC.output_limit_bytes
+    assert len(r.stdout_bytes) == len(r.stderr_bytes) == SPEC.output_limit_bytes
+    small = await sb.exec("echo short")
+    assert not small.truncated and small.stdout == "short\n"
+
+
+async def test_binary_output_survives(sb: DockerSandbox) -> None:
+    r = await sb.exec("head -c 4096 /dev/urandom")
+    assert r.exit_code == 0 and len(r.stdout_bytes) == 4096
+    blob = os.urandom(1 << 16) + b"\x00\xff\xfe\x80"
+    await sb.write_file("rand.bin", blob)
+    again = await sb.exec(["cat", "rand.bin"])
+    assert again.stdout_bytes == blob
+    assert await sb.read_file("rand.bin") == blob
+    await sb.exec("rm rand.bin")
+
+
+async def test_stdin(sb: DockerSandbox) -> None:
+    assert (await sb.exec("tr a-z A-Z", stdin="hello\n")).stdout == "HELLO\n"
+    big = os.urandom(3 << 20)
+    r = await sb.exec("sha256sum | cut -d' ' -f1", stdin=big)
+    import hashlib
+
+    assert r.stdout.strip() == hashlib.sha256(big).hexdigest()
+    # Reading and writing at once (cat echoes 3 MiB back while we still send).
+    r = await sb.exec("cat", stdin=big)
+    assert r.truncated and r.stdout_bytes == big[: SPEC.output_limit_bytes]
+    # No stdin means end of file at once, not a hang.
+    assert (await sb.exec("cat; echo eof", timeout=10)).stdout == "eof\n"
+
+
+async def test_env_and_cwd(provider: DockerProvider, fresh: list[DockerSandbox]) -> None:
+    box = await _new(provider, fresh, env={"FROM_SPEC": "s"})
+    await box.exec("mkdir -p sub/deeper")
+    r = await box.exec('echo "$FROM_SPEC $FROM_CALL"; pwd', env={"FROM_CALL": "c"}, cwd="sub")
+    assert r.stdout == "s c\n/workspace/sub\n"
+    assert (await box.exec("pwd", cwd="/tmp")).stdout == "/tmp\n"
+    r = await box.exec("pwd", cwd="no/such/dir")
+    assert r.exit_code != 0 and "no such file" in r.stderr.lower()
+    r = await box.exec(["no-such-program"])
+    assert r.exit_code == 127
+
+
+async def test_files_are_owned_by_the_sandbox_user(sb: DockerSandbox) -> None:
+    await sb.write_file("own/dir/f.txt", "one\n", mode=0o600)
+    r = await sb.exec("stat -c '%u %a' own/dir/f.txt own/dir; echo two >> own/dir/f.txt; cat own/dir/f.txt")
+    assert r.stdout.splitlines() == ["1000 600", "1000 755", "one", "two"], r.stderr
+    await sb.write_file("/tmp/abs.txt", b"abs")
+    assert await sb.read_file("/tmp/abs.txt") == b"abs"
+    await sb.exec("rm -rf own /tmp/abs.txt")
+
+
+async def test_read_missing_file(sb: DockerSandbox) -> None:
+    with pytest.raises(SandboxFileNotFound):
+        await sb.read_file("nope/missing.txt")
+    with pytest.raises(SandboxFileNotFound):
+        await sb.get_archive("/tmp/missing")
+
+
+async def test_directory_round_trip(sb: DockerSandbox, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "pkg" / "sub").mkdir(parents=True)
+    (src / "pkg" / "mod.py").write_text("X = 41\n")
+    (src / "pkg" / "sub" / "data.bin").write_bytes(os.urandom(50_000))
+    (src / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (src / "run.sh").chmod(0o755)
+    await sb.upload(src, "proj")
+    r = await sb.exec("cd proj && ./run.sh && python3 -c 'import pkg.mod as m; print(m.X + 1)' && stat -c %u pkg/mod.py")
+    assert r.stdout.split() == ["ran", "42", "1000"], r.stderr
+    await sb.exec("echo inside > proj/pkg/new.txt")
+    back = await sb.download("proj", tmp_path / "back")
+    assert (back / "pkg" / "mod.py").read_text() == "X = 41\n"
+    assert (back / "pkg" / "sub" / "data.bin").read_bytes() == (src / "pkg" / "sub" / "data.bin").read_bytes()
+    assert (back / "pkg" / "new.txt").read_text() == "inside\n"
+    assert os.access(back / "run.sh", os.X_OK)
+    # A raw archive into /tmp (tmpfs under a read-only root) works too.
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("t.txt")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"tmp"))
+    await sb.put_archive("/tmp/arch", buf.getvalue())
+    assert await sb.read_file("/tmp/arch/t.txt") == b"tmp"
+    await sb.exec("rm -rf proj /tmp/arch")
+
+
+async def test_concurrent_execs(sb: DockerSandbox) -> None:
+    results: dict[int, str] = {}
+
+    async def one(i: int) -> None:
+        results[i] = (await sb.exec(f"sleep 0.2; echo {i}")).stdout
+
+    async with anyio.create_task_group() as tg:
+        for i in range(8):
+            tg.start_soon(one, i)
+    assert results == {i: f"{i}\n" for i in range(8)}
+
+
+async def test_list_remove_close(provider: DockerProvider) -> None:
+    box = await provider.create(SPEC, {**LABELS, "case": "list"})
+    try:
+        assert isinstance(box.transport, Transport)
+        found = await provider.list({"case": "list", "sandgym.run": RUN})
+        assert [i.id for i in found] == [box.id]
+        assert found[0].status == "running" and found[0].labels["case"] == "list"
+        assert found[0].owner == "test-docker-provider" and found[0].image == SPEC.image
+        assert box.id in {i.id for i in await provider.list()}
+    finally:
+        await box.close()
+    await box.close()
+    await provider.remove(box.id)  # already gone: fine
+    assert await provider.list({"case": "list", "sandgym.run": RUN}) == []
+    with pytest.raises(SandboxGoneError):
+        await box.exec("true")
+
+
+async def test_gone_container_raises(provider: DockerProvider) -> None:
+    box = await provider.create(SPEC, LABELS)
+    await provider.remove(box.id)  # e.g. reaped behind the sandbox's back
+    with pytest.raises(SandboxGoneError):
+        await box.exec("true")
+    await box.close()
+
+
+async def test_container_ends_itself_after_ttl(provider: DockerProvider) -> None:
+    box = await provider.create(SPEC.model_copy(update={"ttl_s": 2}), {**LABELS, "case": "ttl"})
+    try:
+        assert (await box.exec("echo up")).stdout == "up\n"
+        for _ in range(150):  # no driver action: sleep ends, init exits, auto_remove fires
+            if not await provider.list({"case": "ttl", "sandgym.run": RUN}):
+                break
+            await anyio.sleep(0.2)
+        assert await provider.list({"case": "ttl", "sandgym.run": RUN}) == []
+    finally:
+        await box.close()
