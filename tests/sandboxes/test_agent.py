@@ -411,6 +411,18 @@ async def test_hung_agent_hits_client_deadline(agent) -> None:
     await c.aclose()
 
 
+def test_client_survives_a_new_event_loop(agent) -> None:
+    """Pooled connections belong to one event loop; a later anyio.run() must not reuse them."""
+    c = AgentClient(agent[1])
+
+    async def once() -> str:
+        return (await c.exec(["echo", "hi"], timeout=10)).stdout
+
+    assert anyio.run(once) == "hi\n"
+    assert anyio.run(once) == "hi\n"
+    anyio.run(c.aclose)
+
+
 async def test_unreachable_socket(tmp_path: Path) -> None:
     c = AgentClient(tmp_path / "none.sock")
     with pytest.raises(SandboxGoneError):

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from anyio.abc import SocketStream
-from anyio.streams.buffered import BufferedByteReceiveStream
+import anyio.lowlevel
+from anyio.abc import SocketAttribute, SocketStream
 
 from ..base import Command, as_bytes, shell_argv
 from ..errors import SandboxCreateError, SandboxError, SandboxFileNotFound, SandboxGoneError
@@ -112,11 +112,21 @@ class BatchJob:
 
 
 class _Conn:
-    __slots__ = ("stream", "reader")
+    __slots__ = ("stream", "buf")
 
     def __init__(self, stream: SocketStream) -> None:
         self.stream = stream
-        self.reader = BufferedByteReceiveStream(stream)
+        self.buf = bytearray()
+
+    async def _exactly(self, n: int) -> bytes:
+        # Large payloads are read in up-to-1-MiB receives (anyio's buffered stream takes
+        # 64 KiB at a time, which halves read_file throughput).
+        buf = self.buf
+        while len(buf) < n:
+            buf += await self.stream.receive(min(max(n - len(buf), 1 << 16), 1 << 20))
+        data = bytes(buf[:n])
+        del buf[:n]
+        return data
 
     async def send(self, header: dict[str, Any], blobs: Sequence[bytes]) -> None:
         header["blobs"] = [len(b) for b in blobs]
@@ -130,9 +140,9 @@ class _Conn:
                     await self.stream.send(b)
 
     async def recv(self) -> tuple[dict[str, Any], list[bytes]]:
-        (n,) = _LEN.unpack(await self.reader.receive_exactly(_LEN.size))
-        header = json.loads(await self.reader.receive_exactly(n))
-        blobs = [await self.reader.receive_exactly(k) if k else b"" for k in header.get("blobs", ())]
+        (n,) = _LEN.unpack(await self._exactly(_LEN.size))
+        header = json.loads(await self._exactly(n))
+        blobs = [await self._exactly(k) if k else b"" for k in header.get("blobs", ())]
         return header, blobs
 
     async def aclose(self) -> None:
@@ -141,6 +151,13 @@ class _Conn:
                 await self.stream.aclose()
             except Exception:
                 pass
+
+    def abandon(self) -> None:
+        """Close the socket of a connection whose event loop is gone."""
+        try:
+            self.stream.extra(SocketAttribute.raw_socket).close()
+        except Exception:
+            pass
 
 
 class AgentClient:
@@ -159,6 +176,7 @@ class AgentClient:
         self.max_idle = max_idle
         self._idle: list[_Conn] = []
         self._closed = False
+        self._loop: object = None  # the event loop the pooled connections belong to
 
     # ------------------------------------------------------------------ transport
 
@@ -178,6 +196,13 @@ class AgentClient:
         deadline_s: float,
         on_event: Callable[[dict[str, Any], list[bytes]], Awaitable[None]] | None = None,
     ) -> tuple[dict[str, Any], list[bytes]]:
+        loop = anyio.lowlevel.current_token()
+        # A second anyio.run(): asyncio's unix streams would survive the move, but a stream
+        # is not promised to outlive its loop, so start a fresh pool.
+        if loop != self._loop:
+            for stale in self._idle:
+                stale.abandon()
+            self._idle, self._loop = [], loop
         conn = self._idle.pop() if self._idle else await self._connect()
         reusable = False
         try:
@@ -316,8 +341,12 @@ class AgentClient:
     async def aclose(self) -> None:
         self._closed = True
         idle, self._idle = self._idle, []
+        same_loop = anyio.lowlevel.current_token() == self._loop
         for conn in idle:
-            await conn.aclose()
+            if same_loop:
+                await conn.aclose()
+            else:
+                conn.abandon()
 
     async def __aenter__(self) -> "AgentClient":
         return self
