@@ -101,6 +101,8 @@ async def test_exec_basics_stdin_cwd_env(provider):
         assert r.stdout == "s c\n"
         r = await sb.exec("sleep 0 & wait; echo $((6*7))")
         assert r.ok and r.stdout == "42\n"
+        r = await sb.exec("pwd", cwd="no/such/dir")
+        assert r.exit_code != 0 and "no/such/dir" in r.stderr
 
 
 async def test_host_environment_not_leaked(provider, monkeypatch):
@@ -196,6 +198,30 @@ async def test_setsid_escapee_killed_by_close(provider):
     if provider.mode == "plain" and not (provider.capabilities.cgroups or provider.capabilities.root):
         pytest.skip("plain mode without cgroups or a private uid cannot find setsid escapees")
     assert procs_with(marker) == []
+
+
+async def test_close_during_exec_ends_it(provider):
+    marker = "987.5"
+    sb = await make(provider)
+    outcome: list[object] = []
+
+    async def run() -> None:
+        try:
+            outcome.append(await sb.exec(f"sleep {marker}", timeout=100))
+        except SandboxGoneError as e:
+            outcome.append(e)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        for _ in range(100):
+            if procs_with(marker):
+                break
+            await anyio.sleep(0.05)
+        assert procs_with(marker)
+        await sb.close()
+    assert len(outcome) == 1 and isinstance(outcome[0], SandboxGoneError)
+    assert procs_with(marker) == []
+    assert not sb.path.exists()
 
 
 async def test_concurrent_execs_in_one_sandbox(provider):
@@ -353,6 +379,11 @@ async def test_missing_file_and_escapes_refused(provider):
         await sb.write_file("real/target.txt", "inside")
         await sb.exec("ln -s real/target.txt alias")
         assert await sb.read_file("alias") == b"inside"
+        if provider.mode == "bwrap":
+            # Absolute targets mean the sandbox's own paths (chroot-style), not the host's.
+            await sb.exec("echo t > /tmp/t.txt; ln -s /tmp/t.txt tlink")
+            assert await sb.read_file("tlink") == b"t\n"
+            assert await sb.read_file("/tmp/t.txt") == b"t\n"
 
 
 async def test_archive_refuses_unsafe_members(provider):

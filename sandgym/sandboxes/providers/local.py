@@ -220,14 +220,16 @@ class LocalProvider:
             spec=spec.model_dump(mode="json"),
         )  # fmt: skip
         try:
-            self._write_meta(d, meta)  # first, so a crash below still leaves it removable
+            self._write_meta(d, meta)  # at each step, so a failure below leaves it removable
             if caps.root:
                 meta.uid = self._claim_uid(sid)
+                self._write_meta(d, meta)
             if caps.cgroups:
                 cg = CgroupSet.create(
                     caps.cgroups, sid, memory_mb=spec.memory_mb, pids=spec.pids, cpu=spec.cpu
                 )  # fmt: skip
                 meta.cgroups = cg.paths
+                self._write_meta(d, meta)
             fs = d / "fs"
             fs.mkdir(mode=0o711)
             if caps.tmpfs:
