@@ -1,22 +1,22 @@
 """The persistent Python REPL that PythonEnv runs inside a sandbox, as source text.
 
-One file, two roles. `repl.py serve` is a long-lived server on a unix socket (relative path
-under the sandbox's working directory, so it works with network none and on any provider);
-`repl.py client TIMEOUT` reads code on stdin, starts the server when none answers, sends the
-code, and prints one JSON line: {"status": "ok"|"timeout"|"crashed", "stdout", "stderr",
-"restarted"}. On a timeout the client kills the server's process group; the next call
-starts a fresh one (variables are lost, and the reply says so).
+One file, two roles. `repl.py serve` is the long-lived server on a unix socket (a relative
+path under the sandbox's working directory, so it works with network none). It runs as one
+long `exec` that PythonEnv holds open for the rollout: that works on every provider, even
+where an exec's stray background processes die with it (the local provider's pid
+namespaces). `repl.py client TIMEOUT` reads code on stdin, sends it, and prints one JSON
+line: {"status": "ok"|"timeout"|"crashed"|"unavailable", "stdout", "stderr"}. On anything
+but "ok" PythonEnv cancels the server's exec (which kills it) and starts a fresh one.
 """
 
 REPL_DIR = ".sgrepl"
 REPL_PATH = f"{REPL_DIR}/repl.py"
 
 REPL_SOURCE = r'''
-import ast, contextlib, io, json, os, signal, socket, struct, subprocess, sys, time, traceback
+import ast, contextlib, io, json, os, socket, struct, sys, time, traceback
 
 DIR = os.path.dirname(os.path.abspath(__file__))
-SOCK = os.path.join(DIR, "sock")
-PIDF = os.path.join(DIR, "pid")
+SOCK = os.path.join(DIR, "sock")  # replaced by the instance name given on the command line
 
 
 def send(conn, obj):
@@ -61,8 +61,6 @@ def serve():
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(os.path.relpath(SOCK))  # relative: unix socket paths are short
     srv.listen(16)
-    with open(PIDF, "w") as f:
-        f.write(str(os.getpid()))
     ns = {"__name__": "__main__", "__builtins__": __builtins__}
     while True:
         conn, _ = srv.accept()
@@ -94,56 +92,31 @@ def connect():
     return s
 
 
-def kill_server():
-    try:
-        pid = int(open(PIDF).read().strip())
-    except (OSError, ValueError):
-        return
-    for kill in (os.killpg, os.kill):
-        with contextlib.suppress(OSError):
-            kill(pid, signal.SIGKILL)
-    with contextlib.suppress(OSError):
-        os.unlink(PIDF)
-
-
-def start_server():
-    log = open(os.path.join(DIR, "server.log"), "ab")
-    subprocess.Popen([sys.executable, __file__, "serve"], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                     start_new_session=True, close_fds=True)
-    deadline = time.time() + 15
-    while time.time() < deadline:
-        try:
-            return connect()
-        except OSError:
-            time.sleep(0.01)
-    raise RuntimeError("the Python REPL did not start: " + open(os.path.join(DIR, "server.log"), errors="replace").read()[-2000:])
-
-
 def client(timeout):
     os.chdir(os.path.dirname(DIR))
     code = sys.stdin.read()
-    restarted = False
-    try:
-        conn = connect()
-    except OSError:
-        restarted = os.path.exists(PIDF)  # a server ran before and is gone
-        kill_server()
-        conn = start_server()
-    reply = {"restarted": restarted}
+    deadline = time.time() + 20  # the server may still be starting
+    while True:
+        try:
+            conn = connect()
+            break
+        except OSError as exc:
+            if time.time() > deadline:
+                print(json.dumps({"status": "unavailable", "stdout": "", "stderr": str(exc)}))
+                return
+            time.sleep(0.01)
+    reply = {}
     with conn:
         send(conn, {"code": code})
         conn.settimeout(timeout)
         try:
             resp = recv(conn)
         except (socket.timeout, TimeoutError):
-            kill_server()
             reply.update(status="timeout", stdout="", stderr="")
         except OSError as exc:
-            kill_server()
             reply.update(status="crashed", stdout="", stderr=str(exc))
         else:
             if resp is None:
-                kill_server()
                 reply.update(status="crashed", stdout="", stderr="")
             else:
                 reply.update(status="ok", **resp)
@@ -151,8 +124,12 @@ def client(timeout):
 
 
 if __name__ == "__main__":
+    # Each server instance gets its own socket name, so a client never reaches a server that
+    # is being killed.
     if sys.argv[1] == "serve":
+        SOCK = os.path.join(DIR, sys.argv[2] + ".sock")
         serve()
     else:
+        SOCK = os.path.join(DIR, sys.argv[3] + ".sock")
         client(float(sys.argv[2]))
 '''

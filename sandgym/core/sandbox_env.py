@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+
+import anyio
 from typing import Any
 
 from sandgym.sandboxes.errors import SandboxError, SandboxGoneError
@@ -90,7 +92,10 @@ class SandboxEnv(StatefulToolEnv):
 class PythonEnv(SandboxEnv):
     """A `python` tool: a persistent REPL in the rollout's sandbox (variables survive between
     calls; a crash or timeout is reported and the REPL restarted). `bash` is kept when
-    `with_bash` is set."""
+    `with_bash` is set.
+
+    The REPL server runs as one long exec held by a task group that spans the rollout's
+    turns; each tool call is a short client exec talking to it over a unix socket."""
 
     def __init__(self, *args: Any, with_bash: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -98,35 +103,90 @@ class PythonEnv(SandboxEnv):
             self.tools.pop("bash", None)
             self.skipped_args.pop("bash", None)
             self.tool_schemas = [s for s in self.tool_schemas if s["function"]["name"] != "bash"]
-        self.add_tool(self.python, args_to_skip=["sandbox"])
+        self.add_tool(self.python, args_to_skip=["sandbox", "state"])
 
     async def setup_sandbox(self, sandbox: Any, state: State) -> None:
         await super().setup_sandbox(sandbox, state)
         await sandbox.write_file(REPL_PATH, REPL_SOURCE)
 
-    async def python(self, code: str, sandbox: Any) -> str:
+    def update_tool_args(self, tool_name: str, tool_args: dict[str, Any], messages: list[Any], state: State) -> dict[str, Any]:
+        tool_args = super().update_tool_args(tool_name, tool_args, messages, state)
+        if tool_name == "python":
+            tool_args["state"] = state
+        return tool_args
+
+    async def run_turns(self, client: Any, model: str, state: State, sampling_args: Any) -> None:
+        async with anyio.create_task_group() as tg:
+            state.scratch["repl_tg"] = tg
+            try:
+                await super().run_turns(client, model, state, sampling_args)
+            finally:
+                tg.cancel_scope.cancel()  # ends the REPL server's exec (and the server)
+                state.scratch.pop("repl_tg", None)
+                state.scratch.pop("repl", None)
+
+    def _start_repl(self, state: State) -> None:
+        sb = state.scratch["sandbox"]
+        scope = anyio.CancelScope()
+        done = anyio.Event()
+        n = state.scratch["repl_count"] = state.scratch.get("repl_count", 0) + 1
+        info: dict[str, Any] = {"scope": scope, "done": done, "result": None, "name": f"repl{n}"}
+
+        async def serve() -> None:
+            try:
+                with scope:
+                    info["result"] = await sb.exec(["python3", REPL_PATH, "serve", info["name"]], timeout=7 * 24 * 3600.0)
+            except Exception as exc:  # the sandbox died: the next client call will say so
+                info["result"] = exc
+            finally:
+                done.set()
+
+        state.scratch["repl_tg"].start_soon(serve)
+        state.scratch["repl"] = info
+
+    async def _stop_repl(self, state: State) -> None:
+        info = state.scratch.pop("repl", None)
+        if info is not None:
+            info["scope"].cancel()
+            with anyio.move_on_after(30):
+                await info["done"].wait()
+
+    async def python(self, code: str, sandbox: Any, state: State) -> str:
         """Run Python code in a persistent interpreter; variables, functions and imports stay
         defined between calls. The value of a final expression is printed.
 
         Args:
             code: Python source to execute.
         """
+        notes = []
+        info = state.scratch.get("repl")
+        if info is not None and info["done"].is_set():
+            notes.append("[the Python REPL had stopped and was restarted: earlier variables are gone]")
+            await self._stop_repl(state)
+            info = None
+        if info is None:
+            self._start_repl(state)
+            info = state.scratch["repl"]
         t = self.command_timeout_s
-        result = await checked_exec(sandbox, ["python3", REPL_PATH, "client", str(t)], timeout=t + 20, stdin=code)
+        argv = ["python3", REPL_PATH, "client", str(t), info["name"]]
+        result = await checked_exec(sandbox, argv, timeout=t + 30, stdin=code)
         try:
             reply = json.loads(result.stdout.strip().splitlines()[-1])
         except (json.JSONDecodeError, IndexError):
+            await self._stop_repl(state)
             return "Error: the Python tool failed:\n" + format_exec(result, timeout=t)
-        parts = []
-        if reply.get("restarted"):
-            parts.append("[the Python REPL had stopped and was restarted: earlier variables are gone]")
+        parts = notes
         if reply.get("stdout"):
             parts.append(reply["stdout"].rstrip("\n"))
         if reply.get("stderr"):
             parts.append(reply["stderr"].rstrip("\n"))
         status = reply.get("status")
+        if status != "ok":
+            await self._stop_repl(state)  # the next call starts a fresh REPL
         if status == "timeout":
             parts.append(f"TimeoutError: execution exceeded {t:g}s; the REPL was restarted and its variables are lost.")
         elif status == "crashed":
-            parts.append("Error: the Python REPL crashed; it will be restarted on the next call and its variables are lost.")
+            parts.append("Error: the Python REPL crashed; it was restarted and its variables are lost.")
+        elif status == "unavailable":
+            parts.append("Error: the Python REPL could not be started; it will be retried on the next call.")
         return "\n".join(parts) or "(no output)"

@@ -233,3 +233,12 @@ if __name__ == "__main__":  # pragma: no cover
     import sys
 
     serve_forever(sys.argv[1] if len(sys.argv) > 1 else None)
+
+
+def last_user(body: dict[str, Any]) -> str:
+    """The last user message's text in a recorded request (for responders)."""
+    for m in reversed(body.get("messages", [])):
+        if m.get("role") == "user":
+            c = m.get("content")
+            return c if isinstance(c, str) else json.dumps(c)
+    return ""
