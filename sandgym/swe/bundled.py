@@ -29,6 +29,21 @@ _GIT_ENV = {
 }
 
 
+def default_dir() -> Path:
+    """Where `bundled` task sets are materialized when no directory is given."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sandgym" / "swe-bundled"
+
+
+def resolve_tasks(source: object, *, split: str = "test") -> list[SWETask]:
+    """`bundled` (every bundled task), `bundled-good` (without the broken one), a JSONL
+    path, a dataset name, a Dataset or a list of tasks."""
+    from .tasks import load_tasks
+
+    if isinstance(source, str) and source in ("bundled", "bundled-good"):
+        return load_bundled(default_dir(), include_broken=source == "bundled")
+    return load_tasks(source, split=split)
+
+
 def instance_ids(include_broken: bool = True) -> list[str]:
     ids = sorted(p.name for p in DATA.iterdir() if (p / "task.json").is_file())
     return ids if include_broken else [i for i in ids if i not in BROKEN]
