@@ -519,6 +519,9 @@ async def test_container_oom_timeout_and_zombies(container_sock) -> None:
         assert r.oom_killed and r.exit_code == 137 and not r.timed_out
         ok = await c.exec(["python3", "-c", "b = bytearray(1 << 20); print('fine')"], timeout=60)
         assert ok.stdout == "fine\n" and not ok.oom_killed
+        # commands, not the agent (PID 1), are the OOM killer's first choice
+        adj = await c.exec("sleep 0.2; cat /proc/self/oom_score_adj /proc/1/oom_score_adj", timeout=20)
+        assert adj.stdout.split() == ["500", "0"]
         r = await c.exec(["sh", "-c", "sleep 300 & sleep 300"], timeout=1)
         assert r.timed_out and r.exit_code == 124
         left = await c.exec(["sh", "-c", "ps -eo stat=,args= | grep -c '[s]leep 300' || true"], timeout=20)

@@ -198,8 +198,20 @@ def _killpg(pgid: int) -> None:
         pass
 
 
+def _prefer_for_oom(pid: int) -> None:
+    """Make the OOM killer pick a command before the agent (which holds buffered output
+    and, as PID 1, takes the container with it). Raising a score needs no privilege."""
+    try:
+        with open("/proc/%d/oom_score_adj" % pid, "w") as f:
+            f.write("500")
+    except OSError:
+        pass
+
+
 def _oom_kill_counter() -> Optional[int]:
-    """The cgroup's OOM-kill count (v2 memory.events or v1 memory.oom_control)."""
+    """The cgroup's OOM-kill count (v2 memory.events or v1 memory.oom_control). It counts
+    kills of any process in the sandbox, so a command SIGKILLed by someone else while a
+    concurrent one hit the limit would be reported as OOM too; rare and documented."""
     for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
         try:
             with open(path, "rb") as f:
@@ -293,6 +305,7 @@ def run_command(
             REGISTRY.pids.add(proc.pid)
     except OSError as exc:
         return _spawn_error(argv, exc, t0)
+    _prefer_for_oom(proc.pid)
     try:
         return _supervise(proc, stdin, timeout, limit, cancel_fd, on_output, oom_before, t0)
     except BaseException:
