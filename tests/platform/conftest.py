@@ -20,7 +20,8 @@ IMAGE = "sandgym/python:latest"
 
 
 def backend() -> str:
-    name = default_backend()
+    """docker when ready, else local; SANDGYM_PLATFORM_BACKEND=local|docker forces one."""
+    name = os.environ.get("SANDGYM_PLATFORM_BACKEND") or default_backend()
     if name == "local":
         import importlib.util
 
