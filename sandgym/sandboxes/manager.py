@@ -51,6 +51,7 @@ class ManagedSandbox(Sandbox):
         self.created_at = time.monotonic()
         self.failed = False  # a hook failed or the caller marked it bad: never reuse
         self.leased = False
+        self.destroying = False
         self._manager = manager
 
     async def exec(
@@ -193,8 +194,10 @@ class SandboxManager:
             sb = self._idle[key].popleft()
             self.stats["pool_hits"] += 1
             self._refill_soon(key)
-            if await self._hand_out(sb):
-                return sb
+            try:
+                return await self._hand_out(sb)
+            except HookError as exc:  # that warm one is gone; try the next or make one
+                log.warning("%s; destroyed %s", exc, sb.id)
         await self._take_slot()
         try:
             sb = await self._create(spec)
@@ -209,9 +212,7 @@ class SandboxManager:
                 await self._destroy(sb)
             raise
         self._refill_soon(key)
-        if not await self._hand_out(sb):
-            raise HookError(f"on_ready hook failed for sandbox {sb.id}")
-        return sb
+        return await self._hand_out(sb)
 
     async def release(self, sb: ManagedSandbox, *, reuse: bool = False) -> None:
         """Give a sandbox back. It is destroyed unless `reuse` is set, it is healthy, and a
@@ -232,19 +233,17 @@ class SandboxManager:
                 return
             await self._destroy(sb)
 
-    async def _hand_out(self, sb: ManagedSandbox) -> bool:
+    async def _hand_out(self, sb: ManagedSandbox) -> ManagedSandbox:
+        """Run on_ready and lease it; on failure (or cancellation) destroy it and re-raise."""
         try:
             await self.hooks.run("on_ready", sb)
-        except BaseException as exc:
+        except BaseException:
             sb.failed = True
             with anyio.CancelScope(shield=True):
                 await self._destroy(sb)
-            if not isinstance(exc, HookError):
-                raise  # cancellation: the sandbox is gone, the caller's cancel goes on
-            log.warning("%s; destroyed %s", exc, sb.id)
-            return False
+            raise
         sb.leased = True
-        return True
+        return sb
 
     async def _take_slot(self) -> None:
         """Wait for a slot; if every slot is held and some are idle warm sandboxes of other
@@ -294,8 +293,9 @@ class SandboxManager:
 
     async def _destroy(self, sb: ManagedSandbox, *, slot_already_counted: bool = False) -> None:
         """Destroy and free its slot. Never raises; shielded by callers."""
-        if self._live.pop(sb.id, None) is None:
+        if sb.id not in self._live or sb.destroying:
             return
+        sb.destroying = True
         for q in self._idle.values():
             if sb in q:
                 q.remove(sb)
@@ -309,6 +309,8 @@ class SandboxManager:
             except Exception as exc2:
                 log.error("sandbox %s may be leaked (prune will remove it): %r", sb.id, exc2)
         finally:
+            # Counted live until really gone, so the cap covers sandboxes being torn down.
+            self._live.pop(sb.id, None)
             self.stats["destroyed"] += 1
             # A hook failure inside _create destroys before the caller releases the slot.
             if not slot_already_counted:
