@@ -16,7 +16,9 @@ from torch.utils.checkpoint import checkpoint
 def _chunk_logprobs(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = F.linear(hidden, weight, bias).float()
+    logits = F.linear(hidden, weight, bias)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()  # softmax in fp32; fp64 stays fp64 (tests)
     if temperature != 1.0:
         logits = logits / temperature
     logz = torch.logsumexp(logits, dim=-1)

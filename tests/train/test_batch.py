@@ -1,0 +1,125 @@
+"""Batching: multi-turn rollouts -> one sequence with a loss mask -> packed micro-batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sandgym.core.state import State, Turn, TurnTokens
+from sandgym.train.batch import (
+    MissingTokensError,
+    PrefixMismatchError,
+    pack,
+    plan_packing,
+    state_to_sequence,
+    states_to_sequences,
+)
+
+
+def _turn(prompt_ids: list[int], completion_ids: list[int], lps: list[float] | None = None) -> Turn:
+    return Turn(
+        prompt=[],
+        completion={"role": "assistant", "content": ""},
+        tokens=TurnTokens(
+            prompt_ids=prompt_ids,
+            completion_ids=completion_ids,
+            completion_logprobs=lps if lps is not None else [-0.1 * (i + 1) for i in range(len(completion_ids))],
+        ),
+    )
+
+
+def _three_turn_state() -> State:
+    # turn 0: prompt [1,2,3] -> completion [10,11]
+    # turn 1: prompt extends with tool tokens [4,5] -> completion [12]
+    # turn 2: prompt extends with env tokens [6] -> completion [13,14,15]
+    t0 = _turn([1, 2, 3], [10, 11])
+    t1 = _turn([1, 2, 3, 10, 11, 4, 5], [12])
+    t2 = _turn([1, 2, 3, 10, 11, 4, 5, 12, 6], [13, 14, 15])
+    return State(id="r1", turns=[t0, t1, t2], reward=1.0, advantage=0.5)
+
+
+def test_multiturn_sequence_and_mask() -> None:
+    seq = state_to_sequence(_three_turn_state())
+    assert seq.input_ids == [1, 2, 3, 10, 11, 4, 5, 12, 6, 13, 14, 15]
+    assert seq.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 1]
+    # Server logprobs land on exactly the completion tokens, 0 elsewhere.
+    assert seq.inference_logprobs == pytest.approx([0, 0, 0, -0.1, -0.2, 0, 0, -0.1, 0, -0.1, -0.2, -0.3])
+    assert seq.advantage == 0.5 and seq.num_loss_tokens == 6
+
+
+def test_prefix_mismatch_names_the_turn() -> None:
+    st = _three_turn_state()
+    # A template that re-renders turn 1's completion differently (12 -> 99) breaks turn 2.
+    st.turns[2].tokens.prompt_ids[7] = 99  # type: ignore[union-attr]
+    with pytest.raises(PrefixMismatchError, match=r"turn 2's prompt_ids do not extend turn 1's.*first difference at token 7"):
+        state_to_sequence(st)
+    st = _three_turn_state()
+    st.turns[1].tokens.prompt_ids = [1, 2, 3, 10]  # type: ignore[union-attr]  # shorter than history
+    with pytest.raises(PrefixMismatchError, match="turn 1"):
+        state_to_sequence(st)
+
+
+def test_missing_tokens_and_logprob_length() -> None:
+    st = _three_turn_state()
+    st.turns[1].tokens = None
+    with pytest.raises(MissingTokensError, match="turn 1 has no token ids"):
+        state_to_sequence(st)
+    st = _three_turn_state()
+    st.turns[0].tokens.completion_logprobs = [-1.0]  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="2 completion ids but 1 logprobs"):
+        state_to_sequence(st)
+    st = _three_turn_state()
+    st.advantage = None
+    with pytest.raises(ValueError, match="advantage is not set"):
+        state_to_sequence(st)
+
+
+def test_states_to_sequences_skips_errored_rollouts() -> None:
+    ok = _three_turn_state()
+    bad = _three_turn_state()
+    bad.error = "sandbox died"
+    empty = State(id="e", turns=[_turn([1], [])], advantage=0.0)
+    seqs = states_to_sequences([ok, bad, empty])
+    assert [s.rollout_id for s in seqs] == ["r1"]
+
+
+def test_plan_packing_respects_budget() -> None:
+    lengths = [7, 3, 5, 2, 9, 4, 12]
+    bins = plan_packing(lengths, 10)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    for b in bins:
+        total = sum(lengths[i] for i in b)
+        assert total <= 10 or len(b) == 1  # an over-long sequence sits alone
+    assert any(b == [6] for b in bins)
+
+
+def test_pack_cu_seqlens_positions_targets() -> None:
+    s1 = state_to_sequence(_three_turn_state())  # 12 tokens
+    st2 = State(id="r2", turns=[_turn([7, 8], [20, 21, 22])], advantage=-1.0)
+    s2 = state_to_sequence(st2)  # 5 tokens
+    mbs = pack([s1, s2], max_tokens=64)
+    assert len(mbs) == 1
+    mb = mbs[0]
+    assert mb.input_ids.shape == (1, 17)  # no padding
+    assert mb.cu_seqlens.tolist() == [0, 12, 17] and mb.cu_seqlens.dtype == torch.int32
+    assert mb.max_seqlen == 12
+    assert mb.position_ids[0].tolist() == list(range(12)) + list(range(5))
+    # Targets are next tokens within each sequence; the last position of each has none.
+    assert mb.targets.tolist()[:12] == s1.input_ids[1:] + [0]
+    assert mb.targets.tolist()[12:] == [8, 20, 21, 22, 0]
+    # Predicting-position mask: position t is trained iff token t+1 is a completion token.
+    assert mb.mask.tolist()[:12] == [float(x) for x in s1.loss_mask[1:]] + [0.0]
+    assert mb.mask.tolist()[12:] == [0.0, 1.0, 1.0, 1.0, 0.0]
+    assert mb.advantages.tolist() == [0.5] * 12 + [-1.0] * 5
+    assert mb.seq_index.tolist() == [0] * 12 + [1] * 5
+    assert mb.inference_logprobs.tolist()[12:] == pytest.approx([0.0, -0.1, -0.2, -0.3, 0.0])
+    # Total loss tokens are preserved by packing.
+    assert float(mb.mask.sum()) == s1.num_loss_tokens + s2.num_loss_tokens
+
+
+def test_pack_splits_over_budget() -> None:
+    seqs = [state_to_sequence(State(id=str(i), turns=[_turn([1, 2], [3] * n)], advantage=1.0)) for i, n in enumerate([6, 6, 6])]
+    mbs = pack(seqs, max_tokens=16)
+    assert len(mbs) == 2
+    assert all(mb.num_tokens <= 16 for mb in mbs)
+    assert sorted(i for mb in mbs for i in mb.seq_indices) == [0, 1, 2]

@@ -1,0 +1,127 @@
+"""The built-in transformers backend: a real OpenAI-compatible server on 127.0.0.1, reached
+with the `openai` client; token ids and logprobs as vLLM returns them, and logprobs that the
+trainer's packed varlen path reproduces."""
+
+from __future__ import annotations
+
+import anyio
+import openai
+import pytest
+import torch
+
+from sandgym.core.clients import OpenAIClient, extract_tokens
+from sandgym.core.state import State
+from sandgym.train.attention import use_varlen
+from sandgym.train.backends.hf import HFBackend, parse_tool_calls
+from sandgym.train.batch import pack, state_to_sequence
+from sandgym.core.state import Turn, TurnTokens
+from sandgym.train.logprobs import packed_logprobs
+from sandgym.train.tiny import byte_tokenizer, tiny_qwen2
+
+
+@pytest.fixture(scope="module")
+def backend():
+    model = tiny_qwen2(seed=3)
+    use_varlen(model)
+    with HFBackend(model, byte_tokenizer(), model_name="tiny") as b:
+        assert b.base_url.startswith("http://127.0.0.1:")
+        yield b
+
+
+def _trainer_logprobs(model: torch.nn.Module, prompt: list[int], completion: list[int]) -> list[float]:
+    st = State(turns=[Turn(prompt=[], completion={}, tokens=TurnTokens(prompt_ids=prompt, completion_ids=completion))], advantage=0.0)
+    mb = pack([state_to_sequence(st)], 10_000)[0]
+    with torch.no_grad():
+        lp, _ = packed_logprobs(model, mb.input_ids, mb.position_ids, mb.cu_seqlens, mb.max_seqlen, mb.targets, kernel="sdpa")
+    return lp[mb.mask.bool()].tolist()
+
+
+def test_completions_token_ids_and_logprobs_match_trainer(backend: HFBackend) -> None:
+    client = openai.OpenAI(base_url=backend.base_url, api_key="x")
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    # Two prompts of different lengths in one request: batched with left padding.
+    prompts = [[72, 105, 33], [1, 2, 3, 4, 5, 6, 7, 8, 9]]
+    r = client.completions.create(model="tiny", prompt=prompts, max_tokens=12, n=2, logprobs=1, extra_body={"return_token_ids": True})
+    assert len(r.choices) == 4
+    for i, ch in enumerate(r.choices):
+        extra = ch.model_extra
+        assert extra["prompt_token_ids"] == prompts[i // 2]
+        ids = extra["token_ids"]
+        assert len(ids) == 12 and ch.finish_reason == "length"
+        lps = ch.logprobs.token_logprobs
+        assert len(lps) == 12 and all(lp <= 0 for lp in lps)
+        ref = _trainer_logprobs(backend.engine.model, extra["prompt_token_ids"], ids)
+        assert max(abs(a - b) for a, b in zip(lps, ref)) < 1e-4
+    assert r.usage.completion_tokens == 48
+
+
+def test_chat_completions_vllm_shape_read_by_core_client(backend: HFBackend) -> None:
+    tok = backend.engine.tokenizer
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+
+    async def go():
+        c = OpenAIClient(base_url=backend.base_url, api_key="x")
+        try:
+            return await c.chat(messages, model="tiny", sampling_args={"max_tokens": 6, "temperature": 0.7})
+        finally:
+            await c.aclose()
+
+    resp = anyio.run(go)
+    assert resp.token_source == "return_token_ids"
+    assert resp.tokens is not None
+    expected_prompt = tok(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False)["input_ids"]
+    assert resp.tokens.prompt_ids == expected_prompt
+    assert len(resp.tokens.completion_ids) == len(resp.tokens.completion_logprobs) == 6
+    ref = _trainer_logprobs(backend.engine.model, resp.tokens.prompt_ids, resp.tokens.completion_ids)
+    assert max(abs(a - b) for a, b in zip(resp.tokens.completion_logprobs, ref)) < 1e-4
+
+    # return_tokens_as_token_ids form: tokens spelled "token_id:N"
+    client = openai.OpenAI(base_url=backend.base_url, api_key="x")
+    r = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=3, logprobs=True, extra_body={"return_tokens_as_token_ids": True}
+    )
+    toks, src = extract_tokens(r, r.choices[0])
+    assert src == "return_token_ids" and toks is not None
+    assert [e.token for e in r.choices[0].logprobs.content] == [f"token_id:{i}" for i in toks.completion_ids]
+
+
+def test_stop_token_and_greedy(backend: HFBackend) -> None:
+    client = openai.OpenAI(base_url=backend.base_url, api_key="x")
+    a = client.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=5, temperature=0, extra_body={"return_token_ids": True})
+    b = client.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=5, temperature=0, extra_body={"return_token_ids": True})
+    first = a.choices[0].model_extra["token_ids"]
+    assert first == b.choices[0].model_extra["token_ids"]  # greedy is deterministic
+    c = client.completions.create(
+        model="tiny", prompt=[5, 6, 7], max_tokens=5, temperature=0, extra_body={"return_token_ids": True, "stop_token_ids": [first[0]]}
+    )
+    assert c.choices[0].model_extra["token_ids"] == first[:1]
+    assert c.choices[0].finish_reason == "stop"
+
+
+def test_bad_requests_are_400(backend: HFBackend) -> None:
+    client = openai.OpenAI(base_url=backend.base_url, api_key="x")
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny", messages=[], max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny", prompt=[], max_tokens=2)
+
+
+def test_parse_tool_calls() -> None:
+    text = 'let me run it <tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>'
+    content, calls = parse_tool_calls(text)
+    assert content == "let me run it"
+    assert calls[0]["function"] == {"name": "python", "arguments": '{"code": "print(1)"}'}
+    assert parse_tool_calls("no calls <tool_call>{broken</tool_call>") == ("no calls <tool_call>{broken</tool_call>", [])
+
+
+def test_separate_copy_follows_update_weights() -> None:
+    model = tiny_qwen2(seed=4)
+    b = HFBackend(model, byte_tokenizer(), share_weights=False)
+    served = b.engine.model
+    assert served is not model
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)  # tied with the embeddings
+    assert not torch.equal(served.lm_head.weight, model.lm_head.weight)
+    b.update_weights(model)
+    assert torch.equal(served.lm_head.weight, model.lm_head.weight)
+    assert b.weights_version == 1
