@@ -254,7 +254,8 @@ async def test_memory_bomb_is_contained(provider):
         # The sandbox survives its bomb.
         assert (await sb.exec("echo ok")).stdout == "ok\n"
         if "memory" in caps.cgroups:
-            limit = Path(sb.meta.cgroups["memory"], "memory.limit_in_bytes").read_text()
+            g = Path(sb.meta.cgroups["memory"])
+            limit = (g / "memory.max" if (g / "memory.max").exists() else g / "memory.limit_in_bytes").read_text()
             assert int(limit) == 64 << 20
 
 
@@ -306,8 +307,11 @@ async def test_cpu_quota_when_cgroup_cpu(provider):
     if "cpu" not in caps.cgroups:
         pytest.skip(f"no cpu cgroup ({caps.cgroup_error}): fractional cpu is not enforced")
     async with await make(provider, cpu=0.5) as sb:
-        quota = Path(sb.meta.cgroups["cpu"], "cpu.cfs_quota_us").read_text().strip()
-        period = Path(sb.meta.cgroups["cpu"], "cpu.cfs_period_us").read_text().strip()
+        g = Path(sb.meta.cgroups["cpu"])
+        if (g / "cpu.max").exists():  # cgroup v2
+            quota, period = (g / "cpu.max").read_text().split()
+        else:
+            quota, period = (g / "cpu.cfs_quota_us").read_text(), (g / "cpu.cfs_period_us").read_text()
         assert int(quota) / int(period) == 0.5
         # And the command really runs inside that group.
         r = await sb.exec("cat /proc/self/cgroup")

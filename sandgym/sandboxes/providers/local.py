@@ -20,9 +20,13 @@ results are in `LocalProvider.capabilities`):
   `uid_base`), so a process that escapes its namespaces is nobody on the host,
   RLIMIT_NPROC binds (it does not bind root), and every process of the sandbox can be
   found by uid.
-* cgroup v1 (root): memory (memory+swap = memory_mb; over it the kernel OOM-kills, and the
+* cgroups (root): memory (memory+swap = memory_mb; over it the kernel OOM-kills, and the
   exec reports exit 137 with oom_killed=True, like docker), pids (pids.max = spec.pids),
-  cpu (CFS quota = spec.cpu cores). Groups nest under the caller's own cgroup.
+  cpu (CFS quota = spec.cpu cores). Groups nest under the caller's own cgroup, so the
+  caller's limits still bind. cgroup v1: each controller that is mounted and writable.
+  cgroup v2: the controllers our own cgroup can delegate; that needs our cgroup to be the
+  root or to hold no processes ("no internal processes"), which is rare for a process
+  not started under a delegating manager; then it is rlimits only.
 * tmpfs (root): fs/ is a tmpfs of disk_mb (work, tmp and home share it; like docker's
   tmpfs it is memory and is charged to the sandbox's memory group when written inside).
 * rlimits, always: RLIMIT_FSIZE = disk_mb (per file; only without the tmpfs), RLIMIT_CORE = 0, RLIMIT_CPU as a

@@ -1,4 +1,4 @@
-"""Per-sandbox cgroup v1 groups: memory (OOM-killed at the limit, like docker), pids
+"""Per-sandbox cgroups (v1, or v2 where controllers can be delegated): memory (OOM-killed at the limit, like docker), pids
 (fork bombs stop at the limit), cpu (CFS quota for fractional cores).
 
 Every process of a sandbox joins all of its groups before it execs (see local_exec), so
@@ -27,11 +27,28 @@ def _read(path: str) -> str:
         return f.read()
 
 
+def is_v2(cgroup_dir: str) -> bool:
+    return os.path.exists(os.path.join(cgroup_dir, "cgroup.controllers"))
+
+
+def enable_v2_controllers(cgroup_dir: str, ctrls: list[str]) -> None:
+    """Let children of `cgroup_dir` use `ctrls` (cgroup v2 subtree_control)."""
+    have = _read(os.path.join(cgroup_dir, "cgroup.subtree_control")).split()
+    missing = [c for c in ctrls if c not in have]
+    if missing:
+        _write(os.path.join(cgroup_dir, "cgroup.subtree_control"), " ".join("+" + c for c in missing))
+
+
 class CgroupSet:
-    """The sandbox's group in each controller: `paths[controller] = directory`."""
+    """The sandbox's group per controller: `paths[controller] = directory`. With cgroup v1
+    each controller has its own directory; with v2 they all name the same one."""
 
     def __init__(self, paths: dict[str, str]) -> None:
         self.paths = dict(paths)
+
+    @property
+    def dirs(self) -> list[str]:
+        return list(dict.fromkeys(self.paths.values()))
 
     @classmethod
     def create(
@@ -39,32 +56,27 @@ class CgroupSet:
     ) -> "CgroupSet":
         made: dict[str, str] = {}
         try:
-            for ctrl, parent in parents.items():
+            for parent in dict.fromkeys(parents.values()):
+                ctrls = [c for c, p in parents.items() if p == parent]
                 path = os.path.join(parent, name)
                 for _ in range(20):
                     # The parent may be going away under a concurrent destroy(): recreate.
                     os.makedirs(parent, 0o755, exist_ok=True)
+                    v2 = is_v2(parent)
                     try:
+                        if v2:
+                            enable_v2_controllers(parent, ctrls)
                         os.mkdir(path, 0o755)
                         break
                     except FileNotFoundError:
+                        if os.path.isdir(parent):
+                            raise  # e.g. a controller the parent does not have
                         continue
                 else:
                     raise OSError(errno.ENOENT, "cgroup parent keeps disappearing", parent)
-                made[ctrl] = path
-                if ctrl == "memory":
-                    limit = str(memory_mb << 20)
-                    _write(f"{path}/memory.limit_in_bytes", limit)
-                    # Swap counted in the limit (memory+swap == memory), as docker does.
-                    with contextlib.suppress(OSError):
-                        _write(f"{path}/memory.memsw.limit_in_bytes", limit)
-                    with contextlib.suppress(OSError):
-                        _write(f"{path}/memory.swappiness", "0")
-                elif ctrl == "pids":
-                    _write(f"{path}/pids.max", str(pids))
-                elif ctrl == "cpu":
-                    _write(f"{path}/cpu.cfs_period_us", str(CFS_PERIOD_US))
-                    _write(f"{path}/cpu.cfs_quota_us", str(max(1000, int(cpu * CFS_PERIOD_US))))
+                for c in ctrls:
+                    made[c] = path
+                _set_limits(path, ctrls, v2, memory_mb=memory_mb, pids=pids, cpu=cpu)
         except OSError:
             cls(made).destroy()
             raise
@@ -72,11 +84,11 @@ class CgroupSet:
 
     def procs_files(self) -> list[str]:
         """Files a new process writes "0" to, to join (written in preexec, before exec)."""
-        return [f"{p}/cgroup.procs" for p in self.paths.values()]
+        return [f"{p}/cgroup.procs" for p in self.dirs]
 
     def procs(self) -> set[int]:
         pids: set[int] = set()
-        for p in self.paths.values():
+        for p in self.dirs:
             try:
                 pids.update(int(x) for x in _read(f"{p}/cgroup.procs").split())
             except OSError:
@@ -88,8 +100,9 @@ class CgroupSet:
         p = self.paths.get("memory")
         if p is None:
             return None
+        name = "memory.events" if is_v2(p) else "memory.oom_control"
         try:
-            for line in _read(f"{p}/memory.oom_control").splitlines():
+            for line in _read(f"{p}/{name}").splitlines():
                 k, _, v = line.partition(" ")
                 if k == "oom_kill":
                     return int(v)
@@ -111,13 +124,16 @@ class CgroupSet:
 
     def kill_all(self, timeout: float = 5.0) -> bool:
         """SIGKILL every member until none is left; True when empty."""
+        for p in self.dirs:  # v2 (5.14+): one write kills the whole group, forks included
+            with contextlib.suppress(OSError):
+                _write(f"{p}/cgroup.kill", "1")
         return kill_until_gone(self.procs, timeout)
 
     def destroy(self, timeout: float = 5.0) -> None:
         """Kill members and remove the groups. Idempotent."""
         self.kill_all(timeout)
         deadline = time.monotonic() + timeout
-        for p in self.paths.values():
+        for p in self.dirs:
             while True:
                 try:
                     os.rmdir(p)
@@ -133,6 +149,33 @@ class CgroupSet:
             # inside a cgroup that belongs to whoever started us (EBUSY: others still live).
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.dirname(p))
+
+
+def _set_limits(path: str, ctrls: list[str], v2: bool, *, memory_mb: int, pids: int, cpu: float) -> None:
+    quota = max(1000, int(cpu * CFS_PERIOD_US))
+    limit = str(memory_mb << 20)
+    if v2:
+        if "memory" in ctrls:
+            _write(f"{path}/memory.max", limit)
+            with contextlib.suppress(OSError):  # no swap accounting: nothing to limit
+                _write(f"{path}/memory.swap.max", "0")
+        if "pids" in ctrls:
+            _write(f"{path}/pids.max", str(pids))
+        if "cpu" in ctrls:
+            _write(f"{path}/cpu.max", f"{quota} {CFS_PERIOD_US}")
+        return
+    if "memory" in ctrls:
+        _write(f"{path}/memory.limit_in_bytes", limit)
+        # Swap counted in the limit (memory+swap == memory), as docker does.
+        with contextlib.suppress(OSError):
+            _write(f"{path}/memory.memsw.limit_in_bytes", limit)
+        with contextlib.suppress(OSError):
+            _write(f"{path}/memory.swappiness", "0")
+    if "pids" in ctrls:
+        _write(f"{path}/pids.max", str(pids))
+    if "cpu" in ctrls:
+        _write(f"{path}/cpu.cfs_period_us", str(CFS_PERIOD_US))
+        _write(f"{path}/cpu.cfs_quota_us", str(quota))
 
 
 def kill_until_gone(list_pids, timeout: float) -> bool:  # noqa: ANN001 - callable -> set[int]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 # System directories the sandbox sees read-only (when they exist on the host).
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 
-# cgroup v1 controllers we use: memory (OOM kill at the limit), pids (fork bombs),
+# cgroup controllers we use: memory (OOM kill at the limit), pids (fork bombs),
 # cpu (CFS quota for fractional cores).
 CGROUP_CONTROLLERS = ("memory", "pids", "cpu")
 CGROUP_LEAF = "sandgym-local"
@@ -114,11 +114,11 @@ def _own_cgroup_v1() -> dict[str, str]:
 
 
 def probe_cgroups() -> tuple[dict[str, str], str | None]:
-    """cgroup v1 controllers where we can create children. Sandbox cgroups are nested
-    under this process's own cgroup, so whatever limits the caller lives under still
-    apply to its sandboxes. cgroup v2 is not supported yet (rlimits only there)."""
+    """Controllers where we can create per-sandbox cgroups: controller -> parent dir.
+    Sandbox cgroups nest under this process's own cgroup, so whatever limits the caller
+    lives under still apply to its sandboxes."""
     if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
-        return {}, "cgroup v2 (unified) hierarchy: not supported by the local provider yet"
+        return _probe_v2()
     try:
         own = _own_cgroup_v1()
     except OSError as e:
@@ -131,19 +131,65 @@ def probe_cgroups() -> tuple[dict[str, str], str | None]:
             errors.append(f"{c}: not mounted at {mount}")
             continue
         parent = os.path.join(mount + own[c].rstrip("/"), CGROUP_LEAF)
-        try:
-            os.makedirs(parent, exist_ok=True)
-            probe = tempfile.mkdtemp(prefix="probe-", dir=parent)
-            os.rmdir(probe)
-        except OSError as e:
-            errors.append(f"{c}: {e.strerror} ({parent})")
-            continue
-        finally:
-            # Leave nothing behind; sandboxes recreate the parent (EBUSY: some live).
-            with contextlib.suppress(OSError):
-                os.rmdir(parent)
-        found[c] = parent
+        err = _probe_parent(parent, [])
+        if err:
+            errors.append(f"{c}: {err}")
+        else:
+            found[c] = parent
     return found, ("; ".join(errors) or None)
+
+
+def _probe_parent(parent: str, v2_ctrls: list[str]) -> str | None:
+    """Can we make children under `parent`? Leaves nothing behind (sandboxes recreate
+    the parent; if others live in it, rmdir fails with EBUSY and it stays)."""
+    from .local_cgroup import enable_v2_controllers
+
+    try:
+        os.makedirs(parent, exist_ok=True)
+        if v2_ctrls:
+            enable_v2_controllers(parent, v2_ctrls)
+        probe = tempfile.mkdtemp(prefix="probe-", dir=parent)
+        os.rmdir(probe)
+    except OSError as e:
+        return f"{e.strerror} ({parent})"
+    finally:
+        with contextlib.suppress(OSError):
+            os.rmdir(parent)
+    return None
+
+
+def _probe_v2() -> tuple[dict[str, str], str | None]:
+    """cgroup v2: our own cgroup must be able to hand memory/pids/cpu to children. That
+    holds at the root cgroup, or where controllers are already delegated to us; a
+    non-root cgroup that holds processes (ours) cannot enable them ("no internal
+    processes"), and we do not move the caller's processes to make room."""
+    from .local_cgroup import enable_v2_controllers
+
+    try:
+        rel = next(
+            line.rstrip("\n").split(":", 2)[2] for line in open("/proc/self/cgroup") if line.startswith("0::")
+        )
+    except (OSError, StopIteration):
+        return {}, "cgroup v2: cannot find our own cgroup in /proc/self/cgroup"
+    base = "/sys/fs/cgroup" + rel.rstrip("/")
+    try:
+        with open(os.path.join(base, "cgroup.controllers")) as f:
+            avail = f.read().split()
+    except OSError as e:
+        return {}, f"cgroup v2: {e}"
+    want = [c for c in CGROUP_CONTROLLERS if c in avail]
+    if not want:
+        return {}, f"cgroup v2: none of {', '.join(CGROUP_CONTROLLERS)} available in {base}"
+    try:
+        enable_v2_controllers(base, want)
+    except OSError as e:
+        return {}, f"cgroup v2: cannot delegate {', '.join(want)} below {base}: {e.strerror}"
+    parent = os.path.join(base, CGROUP_LEAF)
+    err = _probe_parent(parent, want)
+    if err:
+        return {}, f"cgroup v2: {err}"
+    missing = [c for c in CGROUP_CONTROLLERS if c not in want]
+    return {c: parent for c in want}, (f"cgroup v2: {', '.join(missing)} unavailable" if missing else None)
 
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
