@@ -383,9 +383,10 @@ class MultiTurnEnv(Environment):
             state.completion.append(resp.message)
             if await self.is_completed(state):
                 return
-            t1 = time.perf_counter()
+            t1, setup0 = time.perf_counter(), state.timing.setup_s
             env_msgs = await self.env_response(messages, state)
-            turn.tools_s = time.perf_counter() - t1
+            # A sandbox made lazily during the tool call counts as setup, not tool time.
+            turn.tools_s = time.perf_counter() - t1 - (state.timing.setup_s - setup0)
             turn.env_response = list(env_msgs)
             messages.extend(env_msgs)
             state.completion.extend(env_msgs)

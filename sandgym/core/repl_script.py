@@ -10,12 +10,18 @@ but "ok" PythonEnv cancels the server's exec (which kills it) and starts a fresh
 """
 
 REPL_DIR = ".sgrepl"
-REPL_PATH = f"{REPL_DIR}/repl.py"
+
+
+def repl_argv(*args: str) -> list[str]:
+    """argv running the script with `python3 -c` from the sandbox's working directory: no
+    file to upload first (one exec less per rollout)."""
+    return ["python3", "-c", REPL_SOURCE, *args]
+
 
 REPL_SOURCE = r'''
 import ast, contextlib, io, json, os, socket, struct, sys, time, traceback
 
-DIR = os.path.dirname(os.path.abspath(__file__))
+DIR = ".sgrepl"  # under the working directory (every exec starts there)
 SOCK = os.path.join(DIR, "sock")  # replaced by the instance name given on the command line
 
 
@@ -55,11 +61,11 @@ def run_cell(code, ns):
 
 
 def serve():
-    os.chdir(os.path.dirname(DIR))
+    os.makedirs(DIR, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(SOCK)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(os.path.relpath(SOCK))  # relative: unix socket paths are short
+    srv.bind(SOCK)  # relative: unix socket paths are short
     srv.listen(16)
     ns = {"__name__": "__main__", "__builtins__": __builtins__}
     while True:
@@ -77,7 +83,7 @@ def serve():
                 except BaseException:
                     etype, value, tb = sys.exc_info()
                     # Drop this file's frames: show only the user's cell.
-                    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+                    while tb is not None and tb.tb_frame.f_code.co_filename != "<cell>":
                         tb = tb.tb_next
                     traceback.print_exception(etype, value, tb)
             try:
@@ -88,12 +94,11 @@ def serve():
 
 def connect():
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(os.path.relpath(SOCK))
+    s.connect(SOCK)
     return s
 
 
 def client(timeout):
-    os.chdir(os.path.dirname(DIR))
     code = sys.stdin.read()
     deadline = time.time() + 20  # the server may still be starting
     while True:

@@ -1,12 +1,14 @@
 """SandboxEnv (a `bash` tool in a sandbox) and PythonEnv (a persistent Python REPL in it).
 
-One sandbox per rollout, from the bound SandboxManager, acquired in `setup_state` and always
-released by a `@cleanup` method after scoring (so reward functions can still use it)."""
+One sandbox per rollout, from the bound SandboxManager, acquired at the first tool call (or
+in `setup_state` with lazy_sandbox=False) and always released by a `@cleanup` method after
+scoring (so reward functions can still use it)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 
 import anyio
 from typing import Any
@@ -16,7 +18,7 @@ from sandgym.sandboxes.result import ExecResult
 from sandgym.sandboxes.spec import SandboxSpec
 
 from .decorators import cleanup
-from .repl_script import REPL_PATH, REPL_SOURCE
+from .repl_script import repl_argv
 from .state import State
 from .tools import StatefulToolEnv
 
@@ -57,18 +59,45 @@ def format_exec(result: ExecResult, *, timeout: float) -> str:
 class SandboxEnv(StatefulToolEnv):
     """A `bash` tool running in this rollout's own sandbox."""
 
-    def __init__(self, *args: Any, sandbox_spec: SandboxSpec | None = None, command_timeout_s: float = 30.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        sandbox_spec: SandboxSpec | None = None,
+        command_timeout_s: float = 30.0,
+        lazy_sandbox: bool = True,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, sandbox_spec=sandbox_spec or SandboxSpec(), **kwargs)
         self.command_timeout_s = command_timeout_s
+        # Lazy: the sandbox is made at the first tool call, so a rollout that never uses a
+        # tool costs no sandbox.
+        self.lazy_sandbox = lazy_sandbox
         self.add_tool(self.bash, args_to_skip=["sandbox"])
 
     async def setup_state(self, state: State) -> None:
         await super().setup_state(state)
-        assert self.sandbox_spec is not None
-        sb = await self.require_sandboxes().acquire(self.sandbox_spec)
-        state.scratch["sandbox"] = sb
-        state.sandbox_id = sb.id
-        await self.setup_sandbox(sb, state)
+        if not self.lazy_sandbox:
+            await self.sandbox_for(state)
+
+    async def sandbox_for(self, state: State) -> Any:
+        """This rollout's sandbox, acquired (and prepared) on first use; counted as setup."""
+        sb = state.scratch.get("sandbox")
+        if sb is None:
+            assert self.sandbox_spec is not None
+            t0 = time.perf_counter()
+            sb = await self.require_sandboxes().acquire(self.sandbox_spec)
+            state.scratch["sandbox"] = sb
+            state.sandbox_id = sb.id
+            await self.setup_sandbox(sb, state)
+            dt = time.perf_counter() - t0
+            state.timing.setup_s += dt
+            state.scratch["sandbox_setup_s"] = state.scratch.get("sandbox_setup_s", 0.0) + dt
+        return sb
+
+    async def prepare_tool_args(self, tool_name: str, tool_args: dict[str, Any], messages: list[Any], state: State) -> dict[str, Any]:
+        if "sandbox" in self.skipped_args.get(tool_name, []):
+            await self.sandbox_for(state)
+        return await super().prepare_tool_args(tool_name, tool_args, messages, state)
 
     async def setup_sandbox(self, sandbox: Any, state: State) -> None:
         """Per-rollout preparation inside the fresh sandbox (files, setup commands)."""
@@ -105,10 +134,6 @@ class PythonEnv(SandboxEnv):
             self.tool_schemas = [s for s in self.tool_schemas if s["function"]["name"] != "bash"]
         self.add_tool(self.python, args_to_skip=["sandbox", "state"])
 
-    async def setup_sandbox(self, sandbox: Any, state: State) -> None:
-        await super().setup_sandbox(sandbox, state)
-        await sandbox.write_file(REPL_PATH, REPL_SOURCE)
-
     def update_tool_args(self, tool_name: str, tool_args: dict[str, Any], messages: list[Any], state: State) -> dict[str, Any]:
         tool_args = super().update_tool_args(tool_name, tool_args, messages, state)
         if tool_name == "python":
@@ -135,7 +160,7 @@ class PythonEnv(SandboxEnv):
         async def serve() -> None:
             try:
                 with scope:
-                    info["result"] = await sb.exec(["python3", REPL_PATH, "serve", info["name"]], timeout=7 * 24 * 3600.0)
+                    info["result"] = await sb.exec(repl_argv("serve", info["name"]), timeout=7 * 24 * 3600.0)
             except Exception as exc:  # the sandbox died: the next client call will say so
                 info["result"] = exc
             finally:
@@ -168,7 +193,7 @@ class PythonEnv(SandboxEnv):
             self._start_repl(state)
             info = state.scratch["repl"]
         t = self.command_timeout_s
-        argv = ["python3", REPL_PATH, "client", str(t), info["name"]]
+        argv = repl_argv("client", str(t), info["name"])
         result = await checked_exec(sandbox, argv, timeout=t + 30, stdin=code)
         try:
             reply = json.loads(result.stdout.strip().splitlines()[-1])

@@ -165,6 +165,11 @@ class ToolEnv(MultiTurnEnv):
         """Hook for hidden per-rollout arguments (see StatefulToolEnv)."""
         return tool_args
 
+    async def prepare_tool_args(self, tool_name: str, tool_args: dict[str, Any], messages: list[Message], state: State) -> dict[str, Any]:
+        """Async form of `update_tool_args` (for arguments that must be made first, such as
+        a sandbox); calls `update_tool_args`."""
+        return self.update_tool_args(tool_name, tool_args, messages, state)
+
     async def env_response(self, messages: list[Message], state: State) -> list[Message]:
         calls = messages[-1].get("tool_calls") or []
         out: list[Message] = []
@@ -195,7 +200,7 @@ class ToolEnv(MultiTurnEnv):
         if bad:
             self._count_error(state)
             return f"Error: argument(s) {', '.join(bad)} of {name!r} cannot be set by the caller."
-        args = self.update_tool_args(name, args, messages, state)
+        args = await self.prepare_tool_args(name, args, messages, state)
         try:
             inspect.signature(func).bind(**args)
         except TypeError as exc:
