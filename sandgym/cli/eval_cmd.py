@@ -79,11 +79,17 @@ def eval_command(
     if resume is not None:
         if not (resume / "results.jsonl").exists() and not (resume / META).exists():
             raise typer.BadParameter(f"nothing to resume in {resume}")
+        if output is not None and output != resume:
+            raise typer.BadParameter("--resume DIR continues the run in DIR; do not also give a different --output")
     if run_dir is None:
         run_dir = Path("runs") / f"eval-{env_name.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
 
     env_kwargs = _parse_env_args(env_arg)
     env = envs.load_environment(env_name, **env_kwargs)
+    if resume is not None and (resume / META).exists():
+        prev = json.loads((resume / META).read_text())
+        if prev.get("env") not in (None, env.name):
+            raise typer.BadParameter(f"{resume} holds a run of {prev['env']!r}, not {env.name!r}")
     conc = concurrency or env.max_concurrent or default_concurrency()
     sampling: dict[str, Any] = {}
     if temperature is not None:

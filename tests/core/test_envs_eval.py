@@ -151,3 +151,40 @@ async def test_eval_killed_with_sigkill_then_resumed_has_one_record_per_rollout(
     assert summary["reward_mean"] == 1.0 and summary["pass_at_k"] == {"1": 1.0, "2": 1.0}
     keys = [(r["example_id"], r["rollout_index"]) for r in map(json.loads, results.read_text().splitlines())]
     assert sorted(keys) == [(e, i) for e in range(12) for i in range(2)]  # exactly one each
+
+
+def test_cli_eval_with_a_model_records_tokens_and_prints_json_last(tmp_path: Path) -> None:
+    """`sandgym eval --base-url` against the mock server (real HTTP, a real subprocess)."""
+    env = envs.load_environment("tool_use", num_tasks=2)
+    answers = {r["question"]: r for r in env.rows()}
+
+    def responder(body):  # noqa: ANN001
+        msgs = body["messages"]
+        row = answers[next(m["content"] for m in msgs if m["role"] == "user")]
+        if not any(m["role"] == "tool" for m in msgs):
+            name, args = json.loads(row["info"]["plan"])[0]
+            return Reply(tool_calls=[{"name": name, "arguments": args}])
+        return Reply(content=f"<answer>{row['answer']}</answer>")
+
+    with MockOpenAIServer(responder) as srv:
+        out = subprocess.run(
+            [sys.executable, "-m", "sandgym", "eval", "tool_use", "-n", "2", "-r", "2", "--base-url", srv.base_url,
+             "--model", "mock", "-a", "num_tasks=2", "-o", str(tmp_path / "run"), "--json"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["num_rollouts"] == 4 and summary["reward_mean"] == 1.0 and summary["pass_at_k"] == {"1": 1.0, "2": 1.0}
+    assert summary["usage"]["completion_tokens"] > 0
+    recs = [json.loads(x) for x in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    assert len(recs) == 4
+    for r in recs:
+        assert [t["token_source"] for t in r["turns"]] == ["return_token_ids", "return_token_ids"]
+        t0, t1 = r["turns"][0]["tokens"], r["turns"][1]["tokens"]
+        assert t1["prompt_ids"][: len(t0["prompt_ids"]) + len(t0["completion_ids"])] == t0["prompt_ids"] + t0["completion_ids"]
+    # a resume of a finished run adds nothing; a different env in the same dir is refused
+    again = subprocess.run(
+        [sys.executable, "-m", "sandgym", "eval", "humaneval", "--policy", "null", "--resume", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"},
+    )
+    assert again.returncode != 0 and "holds a run of 'tool_use'" in again.stderr
