@@ -340,6 +340,28 @@ def test_fallback_tar_filter(archive: str, tmp_path: Path, monkeypatch: pytest.M
     assert not (tmp_path / "out.txt").exists()
 
 
+def test_run_command_without_pidfd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels or seccomp profiles without pidfd_open: the agent polls for exit instead."""
+    monkeypatch.delattr(os, "pidfd_open", raising=False)
+    res, out, err = agent_server.run_command(
+        ["sh", "-c", "echo hi; echo e >&2; exit 5"], env=None, cwd=None, stdin=b"", timeout=10, limit=100
+    )
+    assert (res["exit_code"], out, err, res["timed_out"]) == (5, b"hi\n", b"e\n", False)
+    m = _marker()
+    try:
+        res, out, _ = agent_server.run_command(
+            ["sh", "-c", f"sleep {m} & sleep {m}"], env=None, cwd=None, stdin=None, timeout=0.5, limit=100
+        )
+        assert res["timed_out"] and res["exit_code"] == 124
+        assert _wait_gone(m) == []
+        res, out, _ = agent_server.run_command(
+            ["sh", "-c", f"sleep {m} & echo bg"], env=None, cwd=None, stdin=None, timeout=10, limit=100
+        )
+        assert out == b"bg\n" and not res["timed_out"]
+    finally:
+        _kill_marked(m)
+
+
 # ----------------------------------------------------------------------------- lifecycle
 
 

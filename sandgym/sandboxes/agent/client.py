@@ -260,7 +260,7 @@ class AgentClient:
         self,
         argv: Command,
         *,
-        timeout: float = 60.0,
+        timeout: float | None = 60.0,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stdin: bytes | str | None = None,
@@ -268,7 +268,8 @@ class AgentClient:
         on_output: OutputCallback | None = None,
     ) -> ExecResult:
         """Run one command. `on_output(stream, chunk)` (optional, sync or async) sees output
-        as it arrives ("stdout"/"stderr"), up to the cap."""
+        as it arrives ("stdout"/"stderr"), up to the cap. `timeout=None` means 60 s."""
+        timeout = 60.0 if timeout is None else timeout
         header = _job_header(argv, timeout, env, cwd, stdin is not None, output_limit)
         blobs = [as_bytes(stdin)] if stdin is not None else []
         header["op"] = "exec"
