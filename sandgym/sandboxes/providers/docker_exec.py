@@ -152,9 +152,12 @@ class _Stream:
             try:
                 if data:
                     self.sock.sendall(data)
-                self.sock.shutdown(socket.SHUT_WR)
             except OSError as e:  # the command ended or was killed before reading it all
                 log.debug("stdin write stopped: %s", e)
+            try:
+                self.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
 
         self._writer = threading.Thread(target=pump, name="sandgym-stdin", daemon=True)
         self._writer.start()
@@ -236,7 +239,11 @@ class DockerExecTransport:
         demux = _Demux(out, err)
         killed = False
         try:
+            # Drain the buffered reader before the stdin writer starts: the drain briefly
+            # makes the socket non-blocking, which would break a concurrent sendall.
             demux.feed(stream.take_buffered())
+            if stdin is not None:
+                stream.send_stdin(stdin)
             deadline = started + timeout + (_BACKSTOP_S if wrapped else 0.0)
             idle_since = time.monotonic()
             while True:
@@ -275,7 +282,9 @@ class DockerExecTransport:
                 self.use_timeout_wrapper = False
                 return self._exec_blocking(argv, timeout, limit, env, cwd, stdin, cancel)
             stdout, stderr = b"", stdout
-            if b"executable file not found" in stderr or b"no such file or directory" in stderr:
+            if b"chdir to cwd" not in stderr and (
+                b"executable file not found" in stderr or b"no such file or directory" in stderr
+            ):
                 code = 127
         return ExecResult(
             exit_code=TIMEOUT_EXIT if timed_out else code,
@@ -302,8 +311,6 @@ class DockerExecTransport:
             if e.status_code == 409:  # "is not running" / "is paused"
                 raise SandboxGoneError(f"container {self.container_id[:12]}: {e.explanation}") from e
             raise SandboxError(f"docker exec failed: {e.explanation or e}") from e
-        if stdin is not None:
-            stream.send_stdin(stdin)
         return exec_id, stream
 
     def _running(self, exec_id: str) -> bool:
