@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from sandgym.sandboxes.agent import (
     SERVER_PATH,
     AgentClient,
     AgentRequestError,
+    AgentTransport,
     AgentUnresponsiveError,
     BatchJob,
     agent_command,
@@ -433,6 +435,21 @@ async def test_hung_agent_hits_client_deadline(agent) -> None:
     await c.aclose()
 
 
+async def test_transport_adapter_fits_the_docker_seam(agent, tmp_path: Path) -> None:
+    from sandgym.sandboxes.providers.docker_transport import Transport
+
+    t = AgentTransport(agent[1])
+    assert isinstance(t, Transport)
+    await t.wait_ready(10)
+    r = await t.exec(["sh", "-c", "head -c 5000 /dev/zero"], timeout=10, limit=1024, stdin=None)
+    assert r.truncated and len(r.stdout_bytes) == 1024 and r.output_limit == 1024
+    await t.write_file(str(tmp_path / "f"), b"data", 0o640)
+    assert await t.read_file(str(tmp_path / "f")) == b"data"
+    with pytest.raises(SandboxFileNotFound):
+        await t.get_archive(str(tmp_path / "missing"))
+    await t.aclose()
+
+
 def test_client_survives_a_new_event_loop(agent) -> None:
     """Pooled connections belong to one event loop; a later anyio.run() must not reuse them."""
     c = AgentClient(agent[1])
@@ -457,10 +474,10 @@ async def test_unreachable_socket(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- docker
 
 IMAGE = "sandgym/python:latest"
+TMPFS = {"/workspace": "size=64m,uid=1000,gid=1000,mode=0755,exec", "/tmp": "size=64m,mode=1777,exec"}
 
 
-@pytest.fixture(scope="module")
-def container_sock() -> Iterator[tuple[object, Path]]:
+def _engine():  # type: ignore[no-untyped-def]
     docker = pytest.importorskip("docker")
     try:
         engine = docker.from_env()
@@ -471,16 +488,27 @@ def container_sock() -> Iterator[tuple[object, Path]]:
         engine.images.get(IMAGE)
     except docker.errors.ImageNotFound:
         pytest.skip(f"image {IMAGE} not built yet")
+    return engine
+
+
+def _socket_dir() -> Path:
     host_dir = Path(tempfile.mkdtemp(prefix="sandgym-agent-"))
     os.chown(host_dir, 1000, 1000)  # the agent (uid 1000) creates its socket here;
     host_dir.chmod(0o700)  # nobody else on the host may connect (root still can)
+    return host_dir
+
+
+@pytest.fixture(scope="module")
+def container_sock() -> Iterator[tuple[object, Path]]:
+    engine = _engine()
+    host_dir = _socket_dir()
     ctr = engine.containers.run(
         IMAGE,
         agent_command(ttl_s=600),
         detach=True,
         network_mode="none",
         read_only=True,
-        tmpfs={"/tmp": "size=64m", "/workspace": "size=64m,uid=1000,gid=1000"},
+        tmpfs=TMPFS,
         user="1000",
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
@@ -494,9 +522,7 @@ def container_sock() -> Iterator[tuple[object, Path]]:
         yield ctr, host_dir / "agent.sock"
     finally:
         ctr.remove(force=True)
-        for p in host_dir.iterdir():
-            p.unlink()
-        host_dir.rmdir()
+        shutil.rmtree(host_dir, ignore_errors=True)
 
 
 @pytest.mark.docker
@@ -559,3 +585,49 @@ async def test_container_oom_timeout_and_zombies(container_sock) -> None:
         assert z.stdout.strip() == ""
     finally:
         await c.aclose()
+
+
+@pytest.mark.docker
+async def test_agent_under_docker_init_and_ttl_removes_container() -> None:
+    """With the engine's init (as the docker provider runs it) the agent is not PID 1; its
+    TTL ending the main process makes an auto-removed container vanish by itself."""
+    import docker
+
+    engine = _engine()
+    host_dir = _socket_dir()
+    ctr = engine.containers.run(
+        IMAGE,
+        agent_command(ttl_s=4),
+        detach=True,
+        auto_remove=True,
+        init=True,
+        network_mode="none",
+        read_only=True,
+        tmpfs=TMPFS,
+        user="1000",
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        volumes=agent_volumes(host_dir),
+        labels={"sandgym.owner": "test-agent"},
+    )
+    try:
+        c = AgentClient(host_dir / "agent.sock")
+        info = await c.wait_ready(60)
+        assert info["pid"] != 1
+        assert (await c.exec(["sh", "-c", "echo ok"], timeout=20)).stdout == "ok\n"
+        await c.aclose()
+        gone = False
+        for _ in range(600):
+            try:
+                engine.containers.get(ctr.id)
+            except docker.errors.NotFound:
+                gone = True
+                break
+            await anyio.sleep(0.1)
+        assert gone
+    finally:
+        try:
+            ctr.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        shutil.rmtree(host_dir, ignore_errors=True)

@@ -14,6 +14,7 @@ from .client import (
     agent_command,
     agent_volumes,
 )
+from .transport import AgentTransport
 
 __all__ = [
     "AGENT_DIR",
@@ -23,6 +24,7 @@ __all__ = [
     "SOCKET_NAME",
     "AgentClient",
     "AgentRequestError",
+    "AgentTransport",
     "AgentUnresponsiveError",
     "BatchJob",
     "agent_command",

@@ -10,13 +10,16 @@ Starting the agent in a Docker container (what a provider does):
 - The agent's code: bind-mount `AGENT_DIR` (this package's folder) read-only at
   `/opt/sandgym-agent`. `agent_volumes(host_dir)` gives both mounts in the Docker SDK's
   `volumes=` form. Works with a read-only root, network none, cap_drop ALL, no-new-privileges.
-- Command (the container's main process, so the container dies with it):
-  `agent_command(ttl_s)` = `python3 -I /opt/sandgym-agent/server.py --socket
-  /run/sandgym/agent.sock --ttl <ttl_s>`. With `init=True` docker-init reaps zombies;
-  without it the agent, as PID 1, reaps them itself.
+- Command (the container's main process, so the container dies with it; with
+  `auto_remove=True` the TTL then removes the container): `agent_command(ttl_s)` =
+  `python3 -I /opt/sandgym-agent/server.py --socket /run/sandgym/agent.sock --ttl <ttl_s>`
+  (pass it as `entrypoint`, or `entrypoint=["python3"]` and the rest as `command`). With
+  `init=True` docker-init reaps zombies and forwards SIGTERM; without it the agent, as PID 1,
+  reaps them itself. The container's env and working_dir become every command's defaults.
 - Readiness: `await AgentClient(host_dir / "agent.sock").wait_ready(timeout)`; the socket
   appears only once the agent accepts (it is bound under a temporary name and renamed).
-- Use: `await client.exec(["python3", "-c", "print(1)"], timeout=10)` -> `ExecResult`;
+- Use: `AgentTransport(sock)` (transport.py) fits providers/docker_transport.Transport;
+  or directly `await client.exec(["python3", "-c", "print(1)"], timeout=10)` -> `ExecResult`;
   `batch_exec([BatchJob(argv=..., timeout=...), ...])` runs many in one round trip;
   `read_file`, `write_file`, `put_archive`, `get_archive`; finally `await client.aclose()`.
 
