@@ -12,6 +12,7 @@ and scores 0.
 from __future__ import annotations
 
 import json
+import posixpath
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ from sandgym.core.rubric import Rubric
 from sandgym.core.sandbox_env import SandboxEnv, checked_exec
 from sandgym.core.state import Message, State
 from sandgym.core.tools import tool_call
+from sandgym.sandboxes.errors import SandboxFileNotFound
 
 from .debug import task_spec
 from .evaluate import evaluate, prepare
@@ -109,7 +111,7 @@ class SWEAgentEnv(SandboxEnv):
             insert_line: The line after which `insert` puts `new_str`.
             view_range: [first, last] lines to `view` (1-based; last -1 = to the end).
         """
-        p = path if path.startswith("/") else f"{TESTBED}/{path}"
+        p = posixpath.normpath(path if path.startswith("/") else f"{TESTBED}/{path}")
         if command == "view":
             return await self._view(sandbox, p, view_range)
         if command == "create":
@@ -119,7 +121,7 @@ class SWEAgentEnv(SandboxEnv):
             mode = await self._mode(sandbox, p) if existed else 0o644
             await sandbox.write_file(p, file_text, mode=mode)
             return f"{'Overwrote' if existed else 'Created'} {p} ({len(file_text.splitlines())} lines)."
-        text = (await sandbox.read_file(p)).decode("utf-8")
+        text = await _read(sandbox, p, strict=True)
         if command == "str_replace":
             if old_str is None:
                 raise ValueError("`str_replace` needs `old_str`")
@@ -151,7 +153,7 @@ class SWEAgentEnv(SandboxEnv):
         if r.exit_code == 0:
             r = await checked_exec(sandbox, f"find {shlex.quote(p)} -maxdepth 2 -not -path '*/.git*' -not -name '__pycache__' | sort | head -500", timeout=30)
             return r.stdout or "(empty directory)"
-        text = (await sandbox.read_file(p)).decode("utf-8", errors="replace")
+        text = await _read(sandbox, p)
         first, last = 1, min(len(text.splitlines()), VIEW_LIMIT)
         if view_range:
             if len(view_range) != 2:
@@ -238,6 +240,18 @@ class SWEAgentEnv(SandboxEnv):
             else:
                 add("str_replace_editor", {"command": "create", "path": fp.new_path, "file_text": final})
         return calls
+
+
+async def _read(sandbox: Any, p: str, *, strict: bool = False) -> str:
+    # A missing file is the model's mistake (a tool error it sees), not a sandbox failure.
+    try:
+        data = await sandbox.read_file(p)
+    except SandboxFileNotFound:
+        raise ValueError(f"{p} does not exist") from None
+    try:
+        return data.decode("utf-8", errors="strict" if strict else "replace")
+    except UnicodeDecodeError:
+        raise ValueError(f"{p} is not UTF-8 text; edit it with bash") from None
 
 
 def _rate(d: dict[str, str]) -> float:

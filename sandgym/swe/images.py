@@ -46,7 +46,7 @@ from .tasks import TESTBED, Recipe, SWETask
 log = logging.getLogger(__name__)
 
 # Bump when the Dockerfiles below change meaningfully: old images are then not reused.
-RECIPE_VERSION = "1"
+RECIPE_VERSION = "2"
 VENV = "/opt/task/venv"
 PRISTINE = "/opt/task/repo"
 CA_PATH = "/opt/task/host-ca.pem"
@@ -149,6 +149,10 @@ def instance_dockerfile(task: SWETask, env_tag: str, *, with_ca: bool) -> str:
     for cmd in task.recipe.install:
         # One RUN per command, so a failure names the very command.
         lines.append("RUN " + cmd.replace("\n", " \\\n  "))
+    if task.recipe.install:
+        # What the install left untracked (egg-info, build outputs) is part of the baseline,
+        # not of a step's diff: hide it from git in this repository only.
+        lines.append("RUN git ls-files --others --exclude-standard --directory >> .git/info/exclude")
     lines += [
         f"RUN mkdir -p /opt/task && cp -a {TESTBED} {PRISTINE} && chmod -R a+rX {PRISTINE}",
         "USER sandbox",
