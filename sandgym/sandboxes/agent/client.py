@@ -26,7 +26,8 @@ Starting the agent in a Docker container (what a provider does):
 Errors: a connection that cannot be made or breaks mid-request raises `SandboxGoneError`;
 no answer within the request's own timeout plus `grace_s` raises `AgentUnresponsiveError`
 (a `SandboxGoneError`). Closing a connection mid-request (cancellation, deadline) makes the
-agent kill that request's commands. A client belongs to one event loop.
+agent kill that request's commands. Use a client from one event loop at a time (its pool
+is renewed when the loop changes).
 """
 
 from __future__ import annotations
