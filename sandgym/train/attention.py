@@ -46,6 +46,13 @@ def _torch_varlen_func() -> Any:
     return varlen_attn
 
 
+@functools.cache
+def _varlen_params() -> frozenset[str]:
+    import inspect
+
+    return frozenset(inspect.signature(_torch_varlen_func()).parameters)
+
+
 def available_kernels(device: torch.device | str) -> list[str]:
     """Kernels usable on `device`, best first. The torch varlen and flash_attn kernels are
     CUDA-only (checked on torch 2.13 CPU: varlen_attn raises NotImplementedError)."""
@@ -89,8 +96,24 @@ def varlen_causal_attention(
         return fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, softmax_scale=scale, causal=True)
     if kernel == "torch_varlen":
         fn = _torch_varlen_func()
+        params = _varlen_params()
         cu = cu_seqlens.to(torch.int32)
-        return fn(q, k, v, cu, cu, max_seqlen, max_seqlen, scale=scale, window_size=(-1, 0), enable_gqa=hq != hkv)
+        kw: dict[str, Any] = {}
+        # The signature moved between torch releases: causal is `is_causal` in early ones,
+        # `window_size=(-1, 0)` later; GQA and `scale` are not in every release.
+        if "window_size" in params:
+            kw["window_size"] = (-1, 0)
+        else:
+            kw["is_causal"] = True
+        if scale is not None and "scale" in params:
+            kw["scale"] = scale
+        if hq != hkv:
+            if "enable_gqa" in params:
+                kw["enable_gqa"] = True
+            else:
+                k = k.repeat_interleave(hq // hkv, dim=1)
+                v = v.repeat_interleave(hq // hkv, dim=1)
+        return fn(q, k, v, cu, cu, max_seqlen, max_seqlen, **kw)
     if kernel != "sdpa":
         raise ValueError(f"unknown attention kernel {kernel!r}")
     out = torch.empty_like(q)
@@ -131,6 +154,12 @@ def _hf_attention(
     q = query[0].transpose(0, 1)
     k = key[0].transpose(0, 1)
     v = value[0].transpose(0, 1)
+    if kernel != "sdpa" and q.dtype == torch.float32:
+        # Flash kernels take 16-bit inputs only; under autocast, rotary embeddings promote q/k
+        # back to float32 (as transformers' own flash integration also corrects for).
+        dev = q.device.type
+        target = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.bfloat16
+        q, k, v = q.to(target), k.to(target), v.to(target)
     out = varlen_causal_attention(q, k, v, cu, int(kwargs["max_length_q"]), scale=scaling, kernel=kernel)
     return out.unsqueeze(0), None  # (B, T, H, D), as transformers' attention functions return
 
