@@ -20,6 +20,7 @@ import pytest
 
 from sandgym.sandboxes.errors import SandboxFileNotFound, SandboxGoneError, SpecError
 from sandgym.sandboxes.providers.docker import DockerProvider, DockerSandbox
+from sandgym.sandboxes.providers.docker_exec import DockerExecTransport
 from sandgym.sandboxes.providers.docker_transport import Transport
 from sandgym.sandboxes.spec import LABEL_OWNER, SandboxSpec
 
@@ -83,7 +84,9 @@ async def fresh(provider: DockerProvider) -> AsyncIterator[list[DockerSandbox]]:
             await box.close()
 
 
-async def _new(provider: DockerProvider, made: list[DockerSandbox], **update: object) -> DockerSandbox:
+async def _new(
+    provider: DockerProvider, made: list[DockerSandbox], **update: object
+) -> DockerSandbox:
     box = await provider.create(SPEC.model_copy(update=update), LABELS)
     made.append(box)
     return box
@@ -93,7 +96,8 @@ async def _procs(box: DockerSandbox, pattern: str) -> list[str]:
     """Command lines of processes matching `pattern` (excluding the ps/grep themselves)."""
     r = await box.exec(["ps", "-eo", "args="])
     assert r.exit_code == 0, r.stderr
-    return [line for line in r.stdout.splitlines() if pattern in line and not line.startswith("ps ")]
+    lines = r.stdout.splitlines()
+    return [line for line in lines if pattern in line and not line.startswith("ps ")]
 
 
 # -- spec checks ---------------------------------------------------------------------------
@@ -193,7 +197,9 @@ async def test_disk_is_limited_by_tmpfs(sb: DockerSandbox) -> None:
         assert r.stdout == "gone\n"
 
 
-async def test_memory_bomb_is_oom_killed(provider: DockerProvider, fresh: list[DockerSandbox]) -> None:
+async def test_memory_bomb_is_oom_killed(
+    provider: DockerProvider, fresh: list[DockerSandbox]
+) -> None:
     box = await _new(provider, fresh, memory_mb=64)
     r = await box.exec(["python3", "-c", "x = bytearray(2**29)"])
     assert r.exit_code == 137 and r.oom_killed and not r.timed_out, r
@@ -203,7 +209,9 @@ async def test_memory_bomb_is_oom_killed(provider: DockerProvider, fresh: list[D
     assert r.exit_code == 137 and not r.oom_killed
 
 
-async def test_fork_bomb_is_contained(provider: DockerProvider, fresh: list[DockerSandbox]) -> None:
+async def test_fork_bomb_is_contained(
+    provider: DockerProvider, fresh: list[DockerSandbox]
+) -> None:
     box = await _new(provider, fresh, pids=64)
     bomb = (
         "import os, time\n"
@@ -216,7 +224,9 @@ async def test_fork_bomb_is_contained(provider: DockerProvider, fresh: list[Dock
     r = await box.exec(["python3", "-c", bomb], timeout=5)
     assert r.timed_out and r.exit_code == 124
     # The pids cgroup refused forks (the limit was reached), the bomb is gone, the box answers.
-    events = await box.exec("cat /sys/fs/cgroup/pids/pids.events /sys/fs/cgroup/pids.events 2>/dev/null")
+    events = await box.exec(
+        "cat /sys/fs/cgroup/pids/pids.events /sys/fs/cgroup/pids.events 2>/dev/null"
+    )
     assert int(events.stdout.split()[1]) > 0, events.stdout
     assert (await box.exec("echo alive")).stdout == "alive\n"
     assert await _procs(box, "python3 -c") == []
@@ -246,6 +256,19 @@ async def test_timeout_kills_the_command_and_all_its_children(sb: DockerSandbox)
     assert elapsed < 100  # it did not wait for the command to end on its own
     # Children in the process group, and the one that left it with setsid, are all gone.
     assert await _procs(sb, "sleep 10") == []
+
+
+async def test_host_deadline_without_the_timeout_binary(sb: DockerSandbox) -> None:
+    # A PATH without coreutils' `timeout`: that call runs unwrapped, and the host deadline
+    # plus the kill sweep end it and its children all the same.
+    assert isinstance(sb.transport, DockerExecTransport)
+    r = await sb.exec(["/bin/sh", "-c", "/bin/sleep 103 & /bin/sleep 104"], timeout=2,
+                      env={"PATH": "/nowhere"})
+    assert r.timed_out and r.exit_code == 124
+    assert await _procs(sb, "sleep 10") == []
+    assert sb.transport.use_timeout_wrapper  # one call's PATH does not change the image's
+    ok = await sb.exec(["/bin/echo", "hi"], env={"PATH": "/nowhere"})
+    assert ok.exit_code == 0 and ok.stdout == "hi\n"
 
 
 async def test_background_child_does_not_hold_exec_open(sb: DockerSandbox) -> None:
@@ -324,7 +347,9 @@ async def test_env_and_cwd(provider: DockerProvider, fresh: list[DockerSandbox])
 
 async def test_files_are_owned_by_the_sandbox_user(sb: DockerSandbox) -> None:
     await sb.write_file("own/dir/f.txt", "one\n", mode=0o600)
-    r = await sb.exec("stat -c '%u %a' own/dir/f.txt own/dir; echo two >> own/dir/f.txt; cat own/dir/f.txt")
+    r = await sb.exec(
+        "stat -c '%u %a' own/dir/f.txt own/dir; echo two >> own/dir/f.txt; cat own/dir/f.txt"
+    )
     assert r.stdout.splitlines() == ["1000 600", "1000 755", "one", "two"], r.stderr
     await sb.write_file("/tmp/abs.txt", b"abs")
     assert await sb.read_file("/tmp/abs.txt") == b"abs"
@@ -346,12 +371,16 @@ async def test_directory_round_trip(sb: DockerSandbox, tmp_path: Path) -> None:
     (src / "run.sh").write_text("#!/bin/sh\necho ran\n")
     (src / "run.sh").chmod(0o755)
     await sb.upload(src, "proj")
-    r = await sb.exec("cd proj && ./run.sh && python3 -c 'import pkg.mod as m; print(m.X + 1)' && stat -c %u pkg/mod.py")
+    r = await sb.exec(
+        "cd proj && ./run.sh && python3 -c 'import pkg.mod as m; print(m.X + 1)'"
+        " && stat -c %u pkg/mod.py"
+    )
     assert r.stdout.split() == ["ran", "42", "1000"], r.stderr
     await sb.exec("echo inside > proj/pkg/new.txt")
     back = await sb.download("proj", tmp_path / "back")
     assert (back / "pkg" / "mod.py").read_text() == "X = 41\n"
-    assert (back / "pkg" / "sub" / "data.bin").read_bytes() == (src / "pkg" / "sub" / "data.bin").read_bytes()
+    data = "pkg/sub/data.bin"
+    assert (back / data).read_bytes() == (src / data).read_bytes()
     assert (back / "pkg" / "new.txt").read_text() == "inside\n"
     assert os.access(back / "run.sh", os.X_OK)
     # A raw archive into /tmp (tmpfs under a read-only root) works too.

@@ -48,6 +48,9 @@ _DRAIN_S = 2.0
 # Silence after which we ask the engine whether the command already exited (its output pipe
 # can be held open by a background child, e.g. `server &`).
 _IDLE_POLL_S = 0.5
+_BUSY_POLL_S = 2.0
+# Once the main process has exited: read on until this much silence (or _DRAIN_S in all).
+_DRAIN_QUIET_S = 0.2
 _CHUNK = 1 << 16
 _MISSING = 3  # exit code our file helpers use for "no such file"
 _IS_DIR = 4
@@ -72,7 +75,10 @@ exit 0"""
 _WRITE = 'set -e; mkdir -p -- "$(dirname -- "$1")"; cat > "$1"; chmod "$2" "$1"'
 _READ = '[ -e "$1" ] || exit 3; [ -d "$1" ] && exit 4; exec cat -- "$1"'
 _PUT = 'mkdir -p -- "$1" && exec tar -C "$1" -o -xf -'
-_GET = '[ -e "$1" ] || [ -L "$1" ] || exit 3; cd -- "$(dirname -- "$1")" && exec tar -cf - -- "$(basename -- "$1")"'
+_GET = (
+    '[ -e "$1" ] || [ -L "$1" ] || exit 3; '
+    'cd -- "$(dirname -- "$1")" && exec tar -cf - -- "$(basename -- "$1")"'
+)
 
 _OCI_PREFIX = b"OCI runtime exec failed"
 
@@ -227,12 +233,14 @@ class DockerExecTransport:
         cwd: str | None,
         stdin: bytes | None,
         cancel: threading.Event,
+        wrap: bool | None = None,
     ) -> ExecResult:
+        caller_path = "PATH" in env
         token = uuid.uuid4().hex
         env[EXEC_ID_ENV] = token
         timeout = max(timeout, 0.001)  # `timeout 0` would mean "no limit"
         started = time.monotonic()
-        wrapped = self.use_timeout_wrapper
+        wrapped = self.use_timeout_wrapper if wrap is None else wrap
         full = ["timeout", "-s", "KILL", f"{timeout:.3f}", *argv] if wrapped else argv
         exec_id, stream = self._start(full, env, cwd, stdin)
         out, err = CappedBuffer(limit), CappedBuffer(limit)
@@ -245,7 +253,8 @@ class DockerExecTransport:
             if stdin is not None:
                 stream.send_stdin(stdin)
             deadline = started + timeout + (_BACKSTOP_S if wrapped else 0.0)
-            idle_since = time.monotonic()
+            last_data = last_poll = time.monotonic()
+            exited_at: float | None = None
             while True:
                 now = time.monotonic()
                 if not killed and (now >= deadline or cancel.is_set()):
@@ -255,19 +264,27 @@ class DockerExecTransport:
                     continue
                 if killed and now >= deadline:
                     break  # something outside our reach holds the stream; give up on it
-                chunk = stream.recv(min(deadline - now, _IDLE_POLL_S))
+                if exited_at is not None and (
+                    now - last_data >= _DRAIN_QUIET_S or now - exited_at >= _DRAIN_S
+                ):
+                    break  # exited, and what it left in flight has arrived
+                wait = _DRAIN_QUIET_S if exited_at is not None else _IDLE_POLL_S
+                chunk = stream.recv(min(deadline - now, wait))
                 if chunk == b"":
                     break
-                if chunk is None:
-                    if time.monotonic() - idle_since >= _IDLE_POLL_S and not self._running(exec_id):
-                        # Exited; a background child keeps the pipe open. Take what is
-                        # already there and return rather than wait for the child.
-                        while (more := stream.recv(0.05)):
-                            demux.feed(more)
-                        break
-                    continue
-                idle_since = time.monotonic()
-                demux.feed(chunk)
+                if chunk:
+                    last_data = time.monotonic()
+                    demux.feed(chunk)
+                now = time.monotonic()
+                # The stream ends when the last holder of the command's stdout exits, which
+                # may be a background child (`server &`). The command is over when its main
+                # process is; ask the engine after a silence, or now and then under output.
+                if exited_at is None and (
+                    now - last_data >= _IDLE_POLL_S or now - last_poll >= _BUSY_POLL_S
+                ):
+                    last_poll = now
+                    if not self._running(exec_id):
+                        exited_at = now
         finally:
             stream.close()
         code = self._exit_code(exec_id)
@@ -279,8 +296,9 @@ class DockerExecTransport:
         if code == 126 and stdout.startswith(_OCI_PREFIX):
             # The engine could not start the process; say it the way a shell would.
             if wrapped and b'"timeout": executable file not found' in stdout:
-                self.use_timeout_wrapper = False
-                return self._exec_blocking(argv, timeout, limit, env, cwd, stdin, cancel)
+                if not caller_path:  # the image has none (not just this call's PATH)
+                    self.use_timeout_wrapper = False
+                return self._exec_blocking(argv, timeout, limit, env, cwd, stdin, cancel, False)
             stdout, stderr = b"", stdout
             if b"chdir to cwd" not in stderr and (
                 b"executable file not found" in stderr or b"no such file or directory" in stderr
@@ -309,7 +327,8 @@ class DockerExecTransport:
             raise SandboxGoneError(f"container {self.container_id[:12]} is gone") from e
         except docker.errors.APIError as e:
             if e.status_code == 409:  # "is not running" / "is paused"
-                raise SandboxGoneError(f"container {self.container_id[:12]}: {e.explanation}") from e
+                msg = f"container {self.container_id[:12]}: {e.explanation}"
+                raise SandboxGoneError(msg) from e
             raise SandboxError(f"docker exec failed: {e.explanation or e}") from e
         return exec_id, stream
 
