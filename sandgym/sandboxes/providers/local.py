@@ -65,8 +65,11 @@ import posixpath
 import re
 import resource
 import secrets
+import select
 import shutil
+import signal
 import socket
+import subprocess
 import tempfile
 import time
 import warnings
@@ -81,6 +84,7 @@ from ..base import Command, Sandbox, as_bytes, shell_argv
 from ..errors import SandboxCreateError, SandboxError, SandboxGoneError, SpecError
 from ..result import ExecResult, SandboxInfo
 from ..spec import LABEL_HOST, LABEL_PID, SandboxSpec, host_cpus
+from ..ownership import process_start_time
 from .local_cgroup import CgroupSet, kill_until_gone, pids_of_uid
 from .local_exec import Launch, run_process
 from .local_fs import SandboxFS
@@ -141,6 +145,9 @@ class LocalMeta(BaseModel):
     cgroups: dict[str, str] = Field(default_factory=dict)
     mounted: bool = False
     spec: dict = Field(default_factory=dict)
+    # Persistent sandboxes: a held bwrap whose namespaces every exec enters.
+    init_pid: int | None = None  # pid 1 of the sandbox's pid namespace, as the host sees it
+    init_start: str | None = None  # its start time, so a recycled pid is never killed
 
 
 def default_root() -> str:
@@ -159,6 +166,7 @@ class LocalProvider:
         isolation: Isolation = "auto",
         uid_base: int = DEFAULT_UID_BASE,
         uid_count: int = DEFAULT_UID_COUNT,
+        persistent: bool = True,
     ) -> None:
         if isolation not in ("auto", "bwrap", "none"):
             raise ValueError(f"isolation must be auto, bwrap or none, got {isolation!r}")
@@ -166,6 +174,7 @@ class LocalProvider:
         self.isolation: Isolation = isolation
         self.uid_base = uid_base
         self.uid_count = uid_count
+        self.persistent = persistent
 
     # ---- capabilities ----------------------------------------------------------------
 
@@ -260,7 +269,16 @@ class LocalProvider:
             if isinstance(e, OSError):
                 raise SandboxCreateError(f"local sandbox setup failed: {e}") from e
             raise
-        return LocalSandbox(self, spec, meta, d, caps)
+        sb = LocalSandbox(self, spec, meta, d, caps)
+        if sb.persistent:
+            try:
+                sb._start_holder()
+                self._write_meta(d, meta)
+            except BaseException:
+                self._remove_sync(sid)
+                sb._reap_holder()
+                raise
+        return sb
 
     def _write_meta(self, d: Path, meta: LocalMeta) -> None:
         tmp = d / "meta.json.tmp"
@@ -318,6 +336,10 @@ class LocalProvider:
         meta = _read_meta(d)
         cg = CgroupSet(meta.cgroups if meta else {})
         uid = meta.uid if meta else None
+        if meta and meta.init_pid and process_start_time(meta.init_pid) == meta.init_start:
+            # pid 1 of the sandbox's pid namespace: the kernel takes every process in it along.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(meta.init_pid, signal.SIGKILL)
         kill_until_gone(lambda: cg.procs() | (pids_of_uid(uid) if uid is not None else set()), 10.0)
         cg.destroy()
         fs = str(d / "fs")
@@ -331,6 +353,34 @@ class LocalProvider:
 
     async def aclose(self) -> None:
         return None
+
+
+def _read_until(fd: int, end: bytes | None, timeout: float) -> bytes:
+    """Read `fd` until EOF (or until `end` arrives), at most `timeout` seconds."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        if not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+        if end is not None and end in data:
+            break
+    return data
+
+
+def _dev_args(disk_mb: int) -> list[str]:
+    """A minimal /dev. Not bwrap's --dev: that mounts devpts, for which bwrap nests a
+    second user namespace that nsenter could not enter the others from (no ptys here)."""
+    args = ["--size", str(disk_mb << 20), "--tmpfs", "/dev"]
+    for d in ("null", "zero", "full", "random", "urandom", "tty"):
+        if os.path.exists(f"/dev/{d}"):
+            args += ["--dev-bind", f"/dev/{d}", f"/dev/{d}"]
+    for i, name in enumerate(("stdin", "stdout", "stderr")):
+        args += ["--symlink", f"/proc/self/fd/{i}", f"/dev/{name}"]
+    return args + ["--symlink", "/proc/self/fd", "/dev/fd", "--dir", "/dev/shm"]
 
 
 def _check_traversable(root: Path) -> None:
@@ -383,7 +433,11 @@ class LocalSandbox(Sandbox):
         self.mounts = mounts
         self._fs = SandboxFS(mounts, meta.uid, meta.uid)
         self._nproc_wrap: list[str] = []
+        self._root_drop: list[str] = []
+        self._holder: subprocess.Popen[bytes] | None = None
         self._launch, self._prefix = self._plan(caps)
+        self.persistent = self.mode == "bwrap" and owner.persistent and caps.nsenter is not None
+        self._nsenter = caps.nsenter
 
     def _plan(self, caps: LocalCapabilities) -> tuple[Launch, list[str]]:
         spec, uid = self.spec, self.meta.uid
@@ -410,17 +464,71 @@ class LocalSandbox(Sandbox):
         ]  # fmt: skip
         if not spec.network:
             p.append("--unshare-net")
-        p += ["--hostname", "sandbox", "--die-with-parent", "--new-session", *system_binds()]
+        p += ["--hostname", "sandbox", "--new-session", *system_binds()]
         etc = self.path / "etc"
         p += ["--ro-bind", str(etc / "passwd"), "/etc/passwd", "--ro-bind", str(etc / "group"), "/etc/group"]
-        p += ["--proc", "/proc", "--dev", "/dev"]
+        p += ["--proc", "/proc", *_dev_args(spec.disk_mb)]
         # Parents before children, so a workdir under /tmp lands inside the /tmp bind.
         for view, host in sorted(self.mounts, key=lambda m: m[0].count("/")):
             p += ["--bind", host, view]
         p += ["--dir", "/var", "--symlink", "../tmp", "/var/tmp", "--remount-ro", "/"]
         if nproc_inside:
             self._nproc_wrap = [caps.prlimit, f"--nproc={spec.pids}:{spec.pids}", "--"]
+        if spec.user in ("root", "0") and caps.setpriv:
+            # Entering the user namespace (persistent mode) grants its root every capability
+            # in it; bwrap drops them, so drop them too (an empty bounding set empties
+            # root's capabilities at exec). A non-root uid loses them at exec anyway.
+            self._root_drop = [caps.setpriv, "--bounding-set=-all", "--inh-caps=-all", "--"]
         return launch, p
+
+    # ---- persistent namespace ---------------------------------------------------------
+
+    def _start_holder(self) -> None:
+        """Start the bwrap that holds the sandbox's namespaces (`sleep infinity` under
+        bwrap's reaping pid 1); learn its pid 1 from --info-fd and wait for the command's
+        "ready" line, since bwrap reports the pid before the mounts are in place. Without
+        --die-with-parent: like a container, it outlives a crashed owner until `prune`."""
+        info_r, info_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        log_path = self.path / "holder.log"
+        try:
+            with open(log_path, "wb") as log_f:
+                self._holder = subprocess.Popen(
+                    [*self._prefix, "--info-fd", str(info_w), "--chdir", "/", "--",
+                     "/bin/sh", "-c", "echo ready; exec sleep infinity"],
+                    stdin=subprocess.DEVNULL, stdout=ready_w, stderr=log_f,
+                    env=self._env(None), cwd="/", pass_fds=(info_w,), start_new_session=True,
+                    preexec_fn=self._launch.preexec(10**9),
+                )  # fmt: skip
+            os.close(info_w)
+            os.close(ready_w)
+            info_w = ready_w = -1
+            info = _read_until(info_r, None, 30.0)
+            ready = _read_until(ready_r, b"\n", 30.0)
+        finally:
+            for fd in (info_r, ready_r, info_w, ready_w):
+                if fd >= 0:
+                    os.close(fd)
+        try:
+            init_pid = int(json.loads(info)["child-pid"])
+            if ready != b"ready\n":
+                raise ValueError("not ready")
+        except (ValueError, KeyError, TypeError):
+            err = ""
+            with contextlib.suppress(OSError):
+                err = log_path.read_text(errors="replace").strip()
+            raise SandboxCreateError(f"bwrap did not start the sandbox: {err or 'no answer from bwrap'}") from None
+        self.meta.init_pid = init_pid
+        self.meta.init_start = process_start_time(init_pid)
+
+    def _reap_holder(self) -> None:
+        if self._holder is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._holder.wait(timeout=5)
+
+    def _init_alive(self) -> bool:
+        pid = self.meta.init_pid
+        return pid is not None and process_start_time(pid) == self.meta.init_start
 
     def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
         user = "root" if self.spec.user in ("root", "0") else "sandbox"
@@ -454,8 +562,18 @@ class LocalSandbox(Sandbox):
         timeout = float(timeout if timeout is not None else self.spec.exec_timeout_s)
         where = posixpath.normpath(self.resolve(cwd)) if cwd else self.spec.workdir
         full_env = self._env(env)
-        if self.mode == "bwrap":
-            full_argv = [*self._prefix, "--chdir", where, "--", *self._nproc_wrap, *argv]
+        if self.persistent:
+            if not self._init_alive():
+                raise SandboxGoneError(f"sandbox {self.id}: its namespace holder has died")
+            assert self._nsenter is not None
+            ns = ["-U", "-m", "-p", "-i", "-u"] + ([] if self.spec.network else ["-n"])
+            full_argv = [
+                self._nsenter, "-t", str(self.meta.init_pid), *ns, "--preserve-credentials", "-r", "-w",
+                "--", "/usr/bin/env", f"--chdir={where}", "--", *self._root_drop, *self._nproc_wrap, *argv,
+            ]  # fmt: skip
+            host_cwd = "/"
+        elif self.mode == "bwrap":
+            full_argv = [*self._prefix, "--die-with-parent", "--chdir", where, "--", *self._nproc_wrap, *argv]
             host_cwd = "/"
         else:
             full_argv = argv
@@ -514,3 +632,4 @@ class LocalSandbox(Sandbox):
             return
         self._closed = True
         await anyio.to_thread.run_sync(self._owner._remove_sync, self.id)
+        await anyio.to_thread.run_sync(self._reap_holder)

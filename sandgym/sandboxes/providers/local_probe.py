@@ -42,6 +42,8 @@ class LocalCapabilities:
     tmpfs: bool = False
     tmpfs_error: str | None = None
     prlimit: str | None = None
+    nsenter: str | None = None  # for persistent sandboxes: exec enters a held namespace
+    setpriv: str | None = None
 
     def summary(self) -> str:
         parts = [
@@ -243,5 +245,5 @@ def capabilities(probe_uid: int | None) -> LocalCapabilities:
     return LocalCapabilities(
         root=root, bwrap=bwrap, bwrap_error=bwrap_error, cgroups=cgroups,
         cgroup_error=cgroup_error, tmpfs=tmpfs, tmpfs_error=tmpfs_error,
-        prlimit=shutil.which("prlimit"),
+        prlimit=shutil.which("prlimit"), nsenter=shutil.which("nsenter"), setpriv=shutil.which("setpriv"),
     )  # fmt: skip
