@@ -177,8 +177,23 @@ async def run_eval(
         if on_record:
             on_record(rec)
 
+    started = 0
+    pool = {"mgr": None, "target": 0}
+
+    async def shrink_pool() -> None:
+        # Near the end, stop the warm pool from making sandboxes no rollout will use.
+        unstarted = len(todo) - started
+        mgr = pool["mgr"]
+        if mgr is not None and unstarted < pool["target"]:
+            pool["target"] = unstarted
+            for spec in {s.key(): s for s in env.sandbox_specs()}.values():
+                await mgr.warm(spec, unstarted)
+
     async def one(row: Mapping[str, Any], i: int, sink: list[State] | None) -> None:
+        nonlocal started
         async with limit:
+            started += 1
+            await shrink_pool()
             state = await env.rollout(client, model, row, i, sampling_args)
         if sink is None:
             emit(state)
@@ -196,7 +211,9 @@ async def run_eval(
 
     n_sb = max_sandboxes or max(1, concurrency)
     try:
-        async with env.sandbox_session(provider, max_sandboxes=n_sb, warm=min(n_sb, len(todo)) if warm else 0):
+        n_warm = min(n_sb, len(todo)) if warm else 0
+        async with env.sandbox_session(provider, max_sandboxes=n_sb, warm=n_warm) as mgr:
+            pool.update(mgr=mgr, target=n_warm if warm else 0)
             async with anyio.create_task_group() as tg:
                 if grouped:
                     pending: dict[int, tuple[Mapping[str, Any], list[int]]] = {}
