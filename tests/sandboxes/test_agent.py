@@ -515,6 +515,7 @@ def container_sock() -> Iterator[tuple[object, Path]]:
         mem_limit="128m",
         memswap_limit="128m",
         pids_limit=256,
+        nano_cpus=1_000_000_000,
         volumes=agent_volumes(host_dir),
         labels={"sandgym.owner": "test-agent"},
     )
@@ -532,6 +533,7 @@ async def test_agent_in_hardened_container(container_sock) -> None:
     try:
         info = await c.wait_ready(60)
         assert info["pid"] == 1 and info["uid"] == 1000  # main process, unprivileged
+        assert info["cpus"] == 1  # batch parallelism follows the CPU quota, not the host
         r = await c.exec(["sh", "-c", "id -u; pwd; ls /sys/class/net"], timeout=20)
         assert r.exit_code == 0 and r.stdout.split() == ["1000", "/workspace", "lo"]  # network none
         data = bytes(range(256)) * 1000

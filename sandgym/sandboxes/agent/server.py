@@ -551,10 +551,30 @@ def _exec_args(h: Dict[str, Any], blobs: List[bytes]) -> Dict[str, Any]:
 
 
 def _parallelism() -> int:
+    """CPUs this sandbox may use: the affinity mask, bounded by a cgroup CPU quota."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))  # type: ignore[attr-defined]
+        n = max(1, len(os.sched_getaffinity(0)))  # type: ignore[attr-defined]
     except AttributeError:
-        return os.cpu_count() or 1
+        n = os.cpu_count() or 1
+    quota = None
+    try:  # cgroup v2: "max 100000" or "150000 100000"
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            q, period = f.read().split()[:2]
+            if q != "max":
+                quota = int(q) / int(period)
+    except (OSError, ValueError):
+        try:  # cgroup v1
+            with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
+                q1 = int(f.read())
+            with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
+                p1 = int(f.read())
+            if q1 > 0 and p1 > 0:
+                quota = q1 / p1
+        except (OSError, ValueError):
+            pass
+    if quota is not None:
+        n = min(n, max(1, int(-(-quota // 1))))  # ceil
+    return n
 
 
 def handle_batch(conn: socket.socket, h: Dict[str, Any], blobs: List[bytes]) -> None:
@@ -626,6 +646,7 @@ def handle(conn: socket.socket, h: Dict[str, Any], blobs: List[bytes], started: 
                 "pid": os.getpid(),
                 "uid": os.getuid(),
                 "python": sys.version.split()[0],
+                "cpus": _parallelism(),
                 "ttl_left_s": None if ttl is None else round(started + ttl - time.monotonic(), 3),
             },
         )
