@@ -15,7 +15,12 @@ put_archive, get_archive. Replies carry "ok" and either the op's fields or "erro
 
 Commands run in their own session (process group). Past their timeout, or when the client
 hangs up mid-request, the whole group is SIGKILLed. Output is drained continuously and kept
-up to the per-stream limit; the excess is read and dropped.
+up to the per-stream limit; the excess is read and dropped. Background children that outlive
+their command are left alone (their later output is drained and dropped). Exit codes follow
+the shell: 128+N for signal N, 124 on timeout; oom_killed = the cgroup's oom_kill counter
+rose and the command died of SIGKILL. Commands get oom_score_adj 500 so an OOM kill picks
+them before the agent. batch_exec runs jobs on min(CPUs, cgroup CPU quota) threads unless
+the request says "parallel".
 
 The agent removes itself after --ttl seconds and on SIGTERM/SIGINT, killing what it started.
 As PID 1 it also reaps orphaned zombies. The socket is made world-connectable (0777)
