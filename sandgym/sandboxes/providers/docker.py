@@ -202,6 +202,11 @@ class DockerProvider:
                 f"memory_mb={spec.memory_mb} is more than the engine host has; "
                 f"allowed range: [16, {host_mb}]"
             )
+        ncpu = int(info.get("NCPU", 0))
+        if ncpu and spec.cpu > ncpu:
+            raise SpecError(
+                f"cpu={spec.cpu} is more than the engine host has; allowed range: (0, {ncpu}]"
+            )
         if spec.gpus > 0 and not self._has_gpu_runtime(info):
             raise SpecError(
                 f"gpus={spec.gpus} but the Docker engine has no GPU runtime "

@@ -128,6 +128,8 @@ class _Stream:
         self._buffered = getattr(getattr(getattr(resp, "raw", None), "_fp", None), "fp", None)
         self._response = resp
         self._writer: threading.Thread | None = None
+        self._poll = select.poll()  # not select(): that fails for fds >= 1024
+        self._poll.register(self.sock, select.POLLIN)
 
     def take_buffered(self) -> bytes:
         if self._buffered is None:
@@ -142,8 +144,7 @@ class _Stream:
 
     def recv(self, wait: float) -> bytes | None:
         """Next bytes; b"" at end of stream; None when nothing came within `wait` seconds."""
-        ready, _, _ = select.select([self.sock], [], [], max(wait, 0.0))
-        if not ready:
+        if not self._poll.poll(max(wait, 0.0) * 1000):
             return None
         try:
             return self.sock.recv(_CHUNK)
