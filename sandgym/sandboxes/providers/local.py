@@ -9,13 +9,26 @@ dead processes, and `remove(id)` can end them from any process. spec.image is ig
 Isolation, strongest first (`LocalProvider(isolation="auto")` takes what works; probe
 results are in `LocalProvider.capabilities`):
 
-* bubblewrap (`bwrap`), when it can create user namespaces here: every exec runs in new
+* bubblewrap (`bwrap`), when it can create user namespaces here: the sandbox lives in new
   user, pid, ipc, uts (and, unless spec.network, net) namespaces, as uid 1000 ("sandbox";
-  uid 0 for spec.user="root", still unprivileged on the host), with the host's /usr,
-  /bin, /lib*, /etc read-only (passwd/group replaced), a fresh /proc and /dev, the root
-  read-only, and only fs/work, fs/tmp, fs/home writable, at spec.workdir, /tmp and
-  /home/sandbox. No network but a private loopback unless spec.network (then the host's
-  network, loopback services included). --die-with-parent and --new-session.
+  uid 0 for spec.user="root", still unprivileged on the host, with no capabilities), with
+  the host's /usr, /bin, /lib*, /etc read-only (passwd/group replaced), a fresh /proc, a
+  minimal /dev (null, zero, full, random, urandom, tty; no ptys), the root read-only,
+  and only fs/work, fs/tmp, fs/home writable, at spec.workdir, /tmp and /home/sandbox.
+  No network but a private loopback unless spec.network (then the host's network,
+  loopback services included). Two styles:
+  - persistent (default, needs util-linux `nsenter`): create() starts one bwrap holding
+    the namespaces (`sleep infinity` under bwrap's reaping pid 1); each exec enters them
+    with nsenter. Like docker: files AND background processes persist between execs, and
+    an exec is cheaper (no namespace setup). On timeout the exec's process group is
+    killed (what it started in the background with setsid() survives, as in docker);
+    close() kills pid 1, which takes every process of the sandbox along. The holder has
+    no --die-with-parent, so (like a container) a crashed owner's sandbox runs on until
+    `prune`/remove(). If the holder dies, exec raises SandboxGoneError.
+  - per-exec (`persistent=False`, or no nsenter): each exec is a fresh bwrap
+    (--die-with-parent, --new-session) over the same directories; on timeout the pid
+    namespace dies with its init, so nothing survives; background processes end with
+    their command.
 * When we are root, each sandbox also gets its own unprivileged host uid (from
   `uid_base`), so a process that escapes its namespaces is nobody on the host,
   RLIMIT_NPROC binds (it does not bind root), and every process of the sandbox can be
@@ -29,22 +42,22 @@ results are in `LocalProvider.capabilities`):
   not started under a delegating manager; then it is rlimits only.
 * tmpfs (root): fs/ is a tmpfs of disk_mb (work, tmp and home share it; like docker's
   tmpfs it is memory and is charged to the sandbox's memory group when written inside).
-* rlimits, always: RLIMIT_FSIZE = disk_mb (per file; only without the tmpfs), RLIMIT_CORE = 0, RLIMIT_CPU as a
-  backstop past the timeout; RLIMIT_NPROC = pids when it can bind (own uid, or inside
-  the user namespace via prlimit); RLIMIT_DATA = memory_mb only without a memory cgroup
-  (a memory bomb then fails to allocate, e.g. Python's MemoryError, exit 1; oom_killed
-  stays False because nothing can tell an allocation failure from a bug).
+* rlimits, always: RLIMIT_CORE = 0; RLIMIT_FSIZE = disk_mb (per file; only without the
+  tmpfs); RLIMIT_CPU as a backstop past the timeout; RLIMIT_NPROC = pids when it can
+  bind (own uid, or inside the user namespace via prlimit); RLIMIT_DATA = memory_mb only
+  without a memory cgroup (a memory bomb then fails to allocate, e.g. Python's
+  MemoryError, exit 1; oom_killed stays False: an allocation failure cannot be told
+  from a bug).
 
 What it does NOT stop, even with everything above:
 * It shares the host kernel: a kernel exploit escapes (as with docker without gVisor).
 * /usr and /etc of the host are readable (world-readable files only: the sandbox uid is
-  unprivileged), so host configuration is visible.
+  unprivileged), so host configuration is visible. spec.image is not used.
 * With spec.network=True the sandbox is on the host's network, loopback included.
 * Without cgroups: no CPU limit (rlimits cannot express fractions of a core); memory is
   limited per process via RLIMIT_DATA, not per sandbox; the process count only by
-  RLIMIT_NPROC where it binds.
-* Each exec is its own pid namespace: background processes end when the command
-  exits (docker keeps them). Files persist between execs; processes do not.
+  RLIMIT_NPROC where it binds. The pids limit counts bwrap's/nsenter's own helper
+  processes too (one or two per running exec, plus two for the holder).
 * Without bwrap ("plain" mode, warned loudly once per process): commands run as plain
   subprocesses with cwd in fs/work, a clean environment and the rlimits; there is NO
   filesystem isolation (the whole host is readable, and writable where the uid may), NO
@@ -65,7 +78,6 @@ import posixpath
 import re
 import resource
 import secrets
-import select
 import shutil
 import signal
 import socket
@@ -91,8 +103,11 @@ from .local_fs import SandboxFS
 from .local_probe import (
     LocalCapabilities,
     capabilities,
+    dev_args,
     is_mountpoint,
     mount_tmpfs,
+    nsenter_argv,
+    read_until,
     system_binds,
     umount,
 )
@@ -355,34 +370,6 @@ class LocalProvider:
         return None
 
 
-def _read_until(fd: int, end: bytes | None, timeout: float) -> bytes:
-    """Read `fd` until EOF (or until `end` arrives), at most `timeout` seconds."""
-    data = b""
-    deadline = time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0:
-        if not select.select([fd], [], [], left)[0]:
-            break
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-        if end is not None and end in data:
-            break
-    return data
-
-
-def _dev_args(disk_mb: int) -> list[str]:
-    """A minimal /dev. Not bwrap's --dev: that mounts devpts, for which bwrap nests a
-    second user namespace that nsenter could not enter the others from (no ptys here)."""
-    args = ["--size", str(disk_mb << 20), "--tmpfs", "/dev"]
-    for d in ("null", "zero", "full", "random", "urandom", "tty"):
-        if os.path.exists(f"/dev/{d}"):
-            args += ["--dev-bind", f"/dev/{d}", f"/dev/{d}"]
-    for i, name in enumerate(("stdin", "stdout", "stderr")):
-        args += ["--symlink", f"/proc/self/fd/{i}", f"/dev/{name}"]
-    return args + ["--symlink", "/proc/self/fd", "/dev/fd", "--dir", "/dev/shm"]
-
-
 def _check_traversable(root: Path) -> None:
     """bwrap runs as the sandbox's unprivileged uid and must reach <root>/<id>/fs."""
     for p in [root, *root.parents]:
@@ -467,7 +454,7 @@ class LocalSandbox(Sandbox):
         p += ["--hostname", "sandbox", "--new-session", *system_binds()]
         etc = self.path / "etc"
         p += ["--ro-bind", str(etc / "passwd"), "/etc/passwd", "--ro-bind", str(etc / "group"), "/etc/group"]
-        p += ["--proc", "/proc", *_dev_args(spec.disk_mb)]
+        p += ["--proc", "/proc", *dev_args(spec.disk_mb << 20 if caps.bwrap_size else None)]
         # Parents before children, so a workdir under /tmp lands inside the /tmp bind.
         for view, host in sorted(self.mounts, key=lambda m: m[0].count("/")):
             p += ["--bind", host, view]
@@ -503,8 +490,8 @@ class LocalSandbox(Sandbox):
             os.close(info_w)
             os.close(ready_w)
             info_w = ready_w = -1
-            info = _read_until(info_r, None, 30.0)
-            ready = _read_until(ready_r, b"\n", 30.0)
+            info = read_until(info_r, None, 30.0)
+            ready = read_until(ready_r, b"\n", 30.0)
         finally:
             for fd in (info_r, ready_r, info_w, ready_w):
                 if fd >= 0:
@@ -565,10 +552,9 @@ class LocalSandbox(Sandbox):
         if self.persistent:
             if not self._init_alive():
                 raise SandboxGoneError(f"sandbox {self.id}: its namespace holder has died")
-            assert self._nsenter is not None
-            ns = ["-U", "-m", "-p", "-i", "-u"] + ([] if self.spec.network else ["-n"])
+            assert self._nsenter is not None and self.meta.init_pid is not None
             full_argv = [
-                self._nsenter, "-t", str(self.meta.init_pid), *ns, "--preserve-credentials", "-r", "-w",
+                *nsenter_argv(self._nsenter, self.meta.init_pid, self.spec.network),
                 "--", "/usr/bin/env", f"--chdir={where}", "--", *self._root_drop, *self._nproc_wrap, *argv,
             ]  # fmt: skip
             host_cwd = "/"

@@ -10,10 +10,14 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import json
 import os
+import select
+import signal
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 # System directories the sandbox sees read-only (when they exist on the host).
@@ -43,12 +47,15 @@ class LocalCapabilities:
     tmpfs_error: str | None = None
     prlimit: str | None = None
     nsenter: str | None = None  # for persistent sandboxes: exec enters a held namespace
+    nsenter_error: str | None = None
+    bwrap_size: bool = False  # bwrap knows --size (0.6+): size-limited tmpfs mounts
     setpriv: str | None = None
 
     def summary(self) -> str:
         parts = [
             f"bwrap={'yes' if self.bwrap else 'no (' + str(self.bwrap_error) + ')'}",
             f"cgroups={','.join(sorted(self.cgroups)) or 'none (' + str(self.cgroup_error) + ')'}",
+            f"persistent={'yes' if self.nsenter else 'no (' + str(self.nsenter_error) + ')'}",
             f"tmpfs={'yes' if self.tmpfs else 'no'}",
             f"root={self.root}",
         ]
@@ -79,28 +86,103 @@ def _drop_to(uid: int | None):  # noqa: ANN202 - preexec closure
     return pre
 
 
-def probe_bwrap(run_as: int | None) -> tuple[str | None, str | None]:
-    """Run a minimal bwrap with every namespace we use; (path, None) when it works."""
+def read_until(fd: int, end: bytes | None, timeout: float) -> bytes:
+    """Read `fd` until EOF (or until `end` arrives), at most `timeout` seconds."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        if not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+        if end is not None and end in data:
+            break
+    return data
+
+
+def dev_args(size_bytes: int | None) -> list[str]:
+    """A minimal /dev. Not bwrap's --dev: that mounts devpts, for which bwrap nests a
+    second user namespace that nsenter could not enter the others from (no ptys here).
+    /dev/shm lives in it, so its size is bounded where bwrap has --size."""
+    args = (["--size", str(size_bytes)] if size_bytes else []) + ["--tmpfs", "/dev"]
+    for d in ("null", "zero", "full", "random", "urandom", "tty"):
+        if os.path.exists(f"/dev/{d}"):
+            args += ["--dev-bind", f"/dev/{d}", f"/dev/{d}"]
+    for i, name in enumerate(("stdin", "stdout", "stderr")):
+        args += ["--symlink", f"/proc/self/fd/{i}", f"/dev/{name}"]
+    return args + ["--symlink", "/proc/self/fd", "/dev/fd", "--dir", "/dev/shm"]
+
+
+def nsenter_argv(nsenter: str, init_pid: int, network: bool) -> list[str]:
+    """Enter every namespace of a held sandbox (as whoever we are; our uid maps to the
+    sandbox user), at its root; the caller appends `--` and the command."""
+    ns = ["-U", "-m", "-p", "-i", "-u"] + ([] if network else ["-n"])
+    return [nsenter, "-t", str(init_pid), *ns, "--preserve-credentials", "-r", "-w"]
+
+
+def probe_bwrap(run_as: int | None) -> tuple[str | None, str | None, str | None]:
+    """Start a sandbox the way the provider does (every namespace, held by a long-lived
+    command) and, when nsenter exists, enter it once. Returns (bwrap path or None, why
+    bwrap is unusable, why persistent sandboxes are unusable)."""
     path = shutil.which("bwrap")
     if path is None:
-        return None, "bwrap not found on PATH"
+        return None, "bwrap not found on PATH", "no bwrap"
     argv = [
         path, "--unshare-user", "--uid", "1000", "--gid", "1000", "--unshare-pid",
-        "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session",
-        *system_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-        "--", "/bin/sh", "-c", "test \"$(id -u)\" = 1000",
+        "--unshare-net", "--unshare-ipc", "--unshare-uts", "--new-session",
+        *system_binds(), "--proc", "/proc", *dev_args(None), "--tmpfs", "/tmp",
     ]  # fmt: skip
+    info_r, info_w = os.pipe()
+    ready_r, ready_w = os.pipe()
     try:
-        r = subprocess.run(
-            argv, capture_output=True, timeout=30, preexec_fn=_drop_to(run_as),
-            env={"PATH": "/usr/bin:/bin"}, cwd="/",
+        proc = subprocess.Popen(
+            [*argv, "--info-fd", str(info_w), "--", "/bin/sh", "-c", 'test "$(id -u)" = 1000 && echo ready; exec sleep 60'],
+            stdin=subprocess.DEVNULL, stdout=ready_w, stderr=subprocess.PIPE, pass_fds=(info_w,),
+            preexec_fn=_drop_to(run_as), env={"PATH": "/usr/bin:/bin"}, cwd="/", start_new_session=True,
         )  # fmt: skip
     except (OSError, subprocess.SubprocessError) as e:
-        return None, f"bwrap failed to start: {e}"
-    if r.returncode != 0:
-        err = r.stderr.decode(errors="replace").strip() or f"exit {r.returncode}"
-        return None, f"bwrap does not work here: {err}"
-    return path, None
+        for fd in (info_r, info_w, ready_r, ready_w):
+            os.close(fd)
+        return None, f"bwrap failed to start: {e}", "no bwrap"
+    os.close(info_w)
+    os.close(ready_w)
+    try:
+        info = read_until(info_r, None, 30.0)
+        ready = read_until(ready_r, b"\n", 30.0)
+        try:
+            init_pid = int(json.loads(info)["child-pid"])
+        except (ValueError, KeyError, TypeError):
+            init_pid = None
+        if ready != b"ready\n" or init_pid is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            _, err = proc.communicate(timeout=30)
+            why = err.decode(errors="replace").strip() or f"exit {proc.returncode}"
+            return None, f"bwrap does not work here: {why}", "no bwrap"
+        nsenter = shutil.which("nsenter")
+        ns_error: str | None = "nsenter not found on PATH"
+        if nsenter:
+            try:
+                r = subprocess.run(
+                    [*nsenter_argv(nsenter, init_pid, False), "--", "/bin/sh", "-c", 'test "$(id -u)" = 1000'],
+                    capture_output=True, timeout=30, preexec_fn=_drop_to(run_as), env={"PATH": "/usr/bin:/bin"},
+                    cwd="/",
+                )  # fmt: skip
+                ns_error = None if r.returncode == 0 else (
+                    f"nsenter cannot enter the sandbox: {r.stderr.decode(errors='replace').strip()}"
+                )
+            except (OSError, subprocess.SubprocessError) as e:
+                ns_error = f"nsenter failed: {e}"
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(init_pid, signal.SIGKILL)  # pid 1 of the namespace: takes the rest along
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=30)
+        return path, None, ns_error
+    finally:
+        os.close(info_r)
+        os.close(ready_r)
 
 
 def _own_cgroup_v1() -> dict[str, str]:
@@ -239,11 +321,17 @@ def capabilities(probe_uid: int | None) -> LocalCapabilities:
     (None = ours), since unprivileged user namespaces may be allowed for some and not
     for others."""
     root = os.geteuid() == 0
-    bwrap, bwrap_error = probe_bwrap(probe_uid)
+    bwrap, bwrap_error, nsenter_error = probe_bwrap(probe_uid)
     cgroups, cgroup_error = probe_cgroups() if root else ({}, "not root")
     tmpfs, tmpfs_error = probe_tmpfs()
+    bwrap_size = False
+    if bwrap:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run([bwrap, "--help"], capture_output=True, timeout=10)
+            bwrap_size = b"--size" in out.stdout + out.stderr
     return LocalCapabilities(
         root=root, bwrap=bwrap, bwrap_error=bwrap_error, cgroups=cgroups,
-        cgroup_error=cgroup_error, tmpfs=tmpfs, tmpfs_error=tmpfs_error,
-        prlimit=shutil.which("prlimit"), nsenter=shutil.which("nsenter"), setpriv=shutil.which("setpriv"),
+        cgroup_error=cgroup_error, tmpfs=tmpfs, tmpfs_error=tmpfs_error, bwrap_size=bwrap_size,
+        prlimit=shutil.which("prlimit"), nsenter=None if nsenter_error else shutil.which("nsenter"),
+        nsenter_error=nsenter_error, setpriv=shutil.which("setpriv"),
     )  # fmt: skip
