@@ -160,6 +160,15 @@ async def test_runs_as_non_root_without_capabilities(sb: DockerSandbox) -> None:
     assert caps.split()[1] == "0000000000000000"
 
 
+async def test_numeric_user_owns_the_workdir(
+    provider: DockerProvider, fresh: list[DockerSandbox]
+) -> None:
+    box = await _new(provider, fresh, user="2000:2001")
+    await box.write_file("f.txt", "x")
+    r = await box.exec("id -u; id -g; stat -c '%u:%g' . f.txt")
+    assert r.stdout.split() == ["2000", "2001", "2000:2001", "2000:2001"], r.stderr
+
+
 async def test_root_is_read_only_but_workdir_and_tmp_are_writable(sb: DockerSandbox) -> None:
     for path in ("/x", "/etc/x", "/usr/x", "/home/sandbox/x"):
         r = await sb.exec(f"echo no > {path}")

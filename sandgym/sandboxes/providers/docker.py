@@ -245,6 +245,10 @@ class DockerProvider:
         all_labels.setdefault(LABEL_OWNER, DEFAULT_OWNER)
         ttl = "infinity" if spec.ttl_s is None else str(math.ceil(spec.ttl_s))
         size = f"{spec.disk_mb}m"
+        # The workdir belongs to whoever runs in the box: a numeric spec.user gets it, a
+        # user name (not resolvable without the image's passwd) gets the sandbox uid.
+        ids = re.fullmatch(r"(\d+)(?::(\d+))?", spec.user or "")
+        uid, gid = (ids[1], ids[2] or ids[1]) if ids else (SANDBOX_UID, SANDBOX_UID)
         host: dict[str, Any] = dict(
             auto_remove=True,
             network_mode=self._network_mode(spec),
@@ -257,7 +261,7 @@ class DockerProvider:
             read_only=True,
             # Docker mounts tmpfs noexec by default; a code sandbox must run what it builds.
             tmpfs={
-                spec.workdir: f"size={size},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,exec",
+                spec.workdir: f"size={size},uid={uid},gid={gid},mode=0755,exec",
                 "/tmp": f"size={size},mode=1777,exec",
             },
             init=bool(self._engine_info().get("InitBinary")) or None,
