@@ -60,7 +60,7 @@ def _render(results: list[Any], step: str, verbose: bool) -> None:
         if r.fail_to_pass or r.pass_to_pass:
             console.print(detail)
         if r.status == "error" and r.error:
-            console.print(f"[red]{r.instance_id}[/]: {r.error}")
+            console.print(f"[red]{r.instance_id}[/]: {r.error}", soft_wrap=True)
 
 
 def _save(out: Path, results: list[Any], summ: dict[str, Any]) -> None:
@@ -121,10 +121,10 @@ def register(app: typer.Typer) -> None:
             console.print(f"[yellow]{len(broken)} instance(s) whose gold patch does not resolve them:[/]")
             for b in broken:
                 why = ", ".join(b["failing_tests"]) or (b["error"] or "").splitlines()[0][:200]
-                console.print(f"  {b['instance_id']} ({b['status']}): {why}")
+                console.print(f"  {b['instance_id']} ({b['status']}): {why}", soft_wrap=True)
         console.print(f"{summ['resolved']}/{summ['total']} resolved, {summ['unresolved']} unresolved, "
                       f"{summ['errors']} errors; images built {summ['images_built']}, reused {summ['images_reused']}; "
-                      f"{summ['wall_s']:.1f}s")
+                      f"{summ['wall_s']:.1f}s", soft_wrap=True)
         if as_json:
             sys.stdout.write(json.dumps(summ, indent=2) + "\n")
         if summ["errors"] or (fail_on_unresolved and summ["resolved"] < summ["total"]):

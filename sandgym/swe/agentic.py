@@ -85,7 +85,7 @@ class SWEAgentEnv(SandboxEnv):
         state.info["image_reused"] = built.reused
         logs: dict[str, str] = {}
         state.scratch["swe_logs"] = logs
-        await prepare(sb, task, logs)
+        state.scratch["swe_base"] = await prepare(sb, task, logs)
 
     # ---- tools -----------------------------------------------------------------------
 
@@ -179,7 +179,7 @@ class SWEAgentEnv(SandboxEnv):
             return 0.0
         task = self.task_for(state)
         logs = state.scratch.setdefault("swe_logs", {})
-        ev = await evaluate(sandbox, task, logs)
+        ev = await evaluate(sandbox, task, logs, base=state.scratch.get("swe_base"))
         rep = ev.report
         state.scratch["swe_eval"] = ev
         state.info["swe"] = {

@@ -134,13 +134,13 @@ class SWEDebugRunner:
             spec = task_spec(task, built.tag, memory_mb=self.memory_mb, disk_mb=self.disk_mb, cpu=self.cpu)
             async with self.manager.sandbox(spec) as sb:
                 res.timings["sandbox_s"] = time.perf_counter() - t1
-                await prepare(sb, task, res.logs)
+                base = await prepare(sb, task, res.logs)
                 self.progress(task.instance_id, self.step.value)
                 t2 = time.perf_counter()
                 step_error = await self._run_step(sb, task, res)
                 res.timings["step_s"] = time.perf_counter() - t2
                 self.progress(task.instance_id, "tests")
-                ev = await evaluate(sb, task, res.logs)
+                ev = await evaluate(sb, task, res.logs, base=base)
             res.applied_diff = ev.diff
             res.timings.update(ev.timings)
             if ev.report is not None:

@@ -8,6 +8,7 @@ per-test outcomes, and decide resolved = every FAIL_TO_PASS and every PASS_TO_PA
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from typing import Any
@@ -71,14 +72,19 @@ async def run_logged(sb: Any, cmd: str, logs: dict[str, str], key: str, *, timeo
     return r
 
 
-async def prepare(sb: Any, task: SWETask, logs: dict[str, str]) -> None:
-    """Fill the fresh /testbed from the image's pristine copy; check it is at base_commit."""
+async def prepare(sb: Any, task: SWETask, logs: dict[str, str]) -> str:
+    """Fill the fresh /testbed from the image's pristine copy; check it is at base_commit.
+    Returns the full commit id, which later diffs and test-file restores are taken against
+    (HEAD may move: an agent can commit)."""
     r = await run_logged(sb, setup_commands(TESTBED), logs, "setup", timeout=300, cwd="/")
     if not r.ok:
         raise RuntimeError(f"setup failed (exit {r.exit_code}): {(r.stderr or r.stdout)[-500:]}")
     head = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
-    if not head.startswith(task.base_commit) and not task.base_commit.startswith(head[:12] or "x"):
-        raise RuntimeError(f"/testbed is at {head!r}, expected base_commit {task.base_commit}")
+    if not re.fullmatch(r"[0-9a-f]{40,64}", head):
+        raise RuntimeError(f"setup did not report the commit of /testbed: {r.stdout[-200:]!r}")
+    if re.fullmatch(r"[0-9a-f]{4,64}", task.base_commit) and not head.startswith(task.base_commit):
+        raise RuntimeError(f"/testbed is at {head}, expected base_commit {task.base_commit}")
+    return head
 
 
 async def apply_patch(sb: Any, patch: str, name: str, logs: dict[str, str], key: str) -> ExecResult:
@@ -90,27 +96,29 @@ async def apply_patch(sb: Any, patch: str, name: str, logs: dict[str, str], key:
     return await run_logged(sb, cmd, logs, key, timeout=120)
 
 
-async def current_diff(sb: Any, task: SWETask, logs: dict[str, str]) -> str:
+async def current_diff(sb: Any, base: str, logs: dict[str, str]) -> str:
     """The working tree against base_commit, new files included, without touching the index."""
     idx = f"{SCRATCH}/index"
     cmd = (f"mkdir -p {SCRATCH} && cp .git/index {idx} && GIT_INDEX_FILE={idx} git add -A . "
-           f"&& GIT_INDEX_FILE={idx} git diff --cached --binary {shlex.quote(task.base_commit)}; rm -f {idx}")
+           f"&& GIT_INDEX_FILE={idx} git diff --cached --binary {shlex.quote(base)}; rm -f {idx}")
     r = await sb.exec(cmd, timeout=120, cwd=TESTBED)
     if not r.ok:
         logs["diff"] = log_text(cmd, r)
     return r.stdout
 
 
-async def evaluate(sb: Any, task: SWETask, logs: dict[str, str] | None = None) -> Evaluation:
+async def evaluate(sb: Any, task: SWETask, logs: dict[str, str] | None = None, *, base: str | None = None) -> Evaluation:
+    """`base`: the commit `prepare` returned (default: the task's base_commit)."""
     logs = logs if logs is not None else {}
     ev = Evaluation(logs=logs)
     t0 = time.perf_counter()
-    ev.diff = await current_diff(sb, task, logs)
+    base_rev = base or task.base_commit
+    ev.diff = await current_diff(sb, base_rev, logs)
     files = task.test_files
     if files:
-        base = shlex.quote(task.base_commit)
+        q = shlex.quote(base_rev)
         revert = "; ".join(
-            f"if git cat-file -e {base}:{shlex.quote(f)} 2>/dev/null; then git checkout -q {base} -- {shlex.quote(f)}; else rm -f {shlex.quote(f)}; fi"
+            f"if git cat-file -e {q}:{shlex.quote(f)} 2>/dev/null; then git checkout -q {q} -- {shlex.quote(f)}; else rm -f {shlex.quote(f)}; fi"
             for f in files
         )
         r = await run_logged(sb, revert, logs, "test_patch", timeout=120)

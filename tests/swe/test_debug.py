@@ -61,6 +61,9 @@ async def test_command_and_script_steps(bundled: dict[str, SWETask]) -> None:
     assert stats.debug_command
     (r,) = await _run([stats], "command")  # the task's own debug_command fixes it
     assert r.resolved and r.step_exit_code == 0, r.logs.get("step")
+    # A step that commits its change: the diff and the test-file restore still use base_commit.
+    (r,) = await _run([stats], "command", command=f"{stats.debug_command} && git -c user.name=x -c user.email=x@y commit -qam fix")
+    assert r.resolved and "mid" not in r.applied_diff and "n % 2" in r.applied_diff, r.logs.get("step")
     (r,) = await _run([stats], "command", command="echo nothing-done && false")
     assert not r.resolved and r.step_exit_code == 1 and "nothing-done" in r.logs["step"]
     assert r.error == "the debug command exited 1"
