@@ -19,6 +19,7 @@ import anyio
 import pytest
 
 from sandgym.sandboxes.errors import SandboxFileNotFound, SandboxGoneError, SpecError
+from sandgym.sandboxes.providers import docker as docker_provider
 from sandgym.sandboxes.providers.docker import DockerProvider, DockerSandbox
 from sandgym.sandboxes.providers.docker_exec import DockerExecTransport
 from sandgym.sandboxes.providers.docker_transport import Transport
@@ -206,9 +207,15 @@ async def test_disk_is_limited_by_tmpfs(sb: DockerSandbox) -> None:
         assert r.stdout == "gone\n"
 
 
+@pytest.mark.parametrize("counters", ["host", "in-sandbox"])
 async def test_memory_bomb_is_oom_killed(
-    provider: DockerProvider, fresh: list[DockerSandbox]
+    provider: DockerProvider,
+    fresh: list[DockerSandbox],
+    counters: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    if counters == "in-sandbox":  # as for a driver that is not on the engine's host
+        monkeypatch.setattr(docker_provider, "_HOST_OOM_FILES", ())
     box = await _new(provider, fresh, memory_mb=64)
     r = await box.exec(["python3", "-c", "x = bytearray(2**29)"])
     assert r.exit_code == 137 and r.oom_killed and not r.timed_out, r

@@ -40,6 +40,14 @@ DEFAULT_OWNER = "sandgym"
 _MIB = 1 << 20
 # Where the container sees its own memory cgroup counters (v1, then v2).
 _OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
+# The same counters seen from the engine host (cgroupfs / systemd drivers, v1 / v2), for a
+# driver on that host: readable even when the box is so full that no process can start.
+_HOST_OOM_FILES = (
+    "/sys/fs/cgroup/memory/docker/{id}/memory.oom_control",
+    "/sys/fs/cgroup/memory/system.slice/docker-{id}.scope/memory.oom_control",
+    "/sys/fs/cgroup/docker/{id}/memory.events",
+    "/sys/fs/cgroup/system.slice/docker-{id}.scope/memory.events",
+)
 _OOM_KILL = re.compile(rb"^oom_kill (\d+)$", re.M)
 
 
@@ -94,12 +102,24 @@ class DockerSandbox(Sandbox):
             res = res.model_copy(update={"oom_killed": True})
         return res
 
+    def _host_oom_counters(self) -> bytes:
+        for template in _HOST_OOM_FILES:
+            try:
+                with open(template.format(id=self.id), "rb") as f:
+                    return f.read()
+            except OSError:
+                continue
+        return b""
+
     async def _new_oom_kill(self) -> bool:
         async with self._oom_lock:
-            probe = await self.transport.exec(
-                ["cat", *_OOM_FILES], timeout=10, limit=4096, env=None, cwd="/", stdin=None
-            )
-            counts = [int(n) for n in _OOM_KILL.findall(probe.stdout_bytes)]
+            text = self._host_oom_counters()  # a sysfs read: no exec, cannot block
+            if not text:
+                probe = await self.transport.exec(
+                    ["cat", *_OOM_FILES], timeout=10, limit=4096, env=None, cwd="/", stdin=None
+                )
+                text = probe.stdout_bytes
+            counts = [int(n) for n in _OOM_KILL.findall(text)]
             if not counts:
                 return False
             now = max(counts)
