@@ -79,6 +79,8 @@ def task_spec(task: SWETask, image: str, *, memory_mb: int = 2048, disk_mb: int 
     return SandboxSpec(
         image=image, workdir=TESTBED, memory_mb=memory_mb, disk_mb=disk_mb, cpu=cpu, pids=1024,
         env=dict(task.recipe.env), exec_timeout_s=max(120.0, task.recipe.test_timeout_s),
+        # Big suites print a lot; the per-test summary comes last and must not be cut off.
+        output_limit_bytes=64 << 20,
         labels={"sandgym-swe.instance": task.instance_id[:200]},
     )
 

@@ -133,7 +133,8 @@ async def evaluate(sb: Any, task: SWETask, logs: dict[str, str] | None = None, *
     ev.timings["prepare_tests_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     cmd = task.test_command()
-    r = await run_logged(sb, f"{cmd} 2>&1", logs, "tests", timeout=task.recipe.test_timeout_s)
+    # One stream, in order (unittest reports on stderr), for the whole command line.
+    r = await run_logged(sb, f"(\n{cmd}\n) 2>&1", logs, "tests", timeout=task.recipe.test_timeout_s)
     ev.timings["tests_s"] = time.perf_counter() - t1
     framework = task.recipe.framework()
     outcomes = parse_tests(r.stdout + r.stderr, framework)
@@ -143,6 +144,8 @@ async def evaluate(sb: Any, task: SWETask, logs: dict[str, str] | None = None, *
     ev.report = report
     if r.timed_out:
         ev.error = f"the test command timed out after {task.recipe.test_timeout_s:g}s"
+    elif r.truncated and task.FAIL_TO_PASS and not all(t in outcomes for t in task.FAIL_TO_PASS + task.PASS_TO_PASS):
+        ev.error = f"the test output passed the sandbox's output cap ({r.output_limit} bytes); some outcomes are missing"
     elif not outcomes:
         ev.error = f"no test outcomes could be parsed from the test run (exit {r.exit_code}); see logs['tests']"
     return ev

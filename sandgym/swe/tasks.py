@@ -179,8 +179,16 @@ def load_tasks(source: Any, *, split: str = "test", instance_ids: Iterable[str] 
         for r in rows:  # a relative repo_path is relative to the JSONL file
             if isinstance(r, dict) and r.get("repo_path") and not Path(r["repo_path"]).is_absolute():
                 r["repo_path"] = str((base / r["repo_path"]).resolve())
+    elif isinstance(source, (str, os.PathLike)) and (Path(source) / "state.json").is_file():
+        from datasets import load_from_disk  # a Dataset.save_to_disk directory
+
+        rows = list(load_from_disk(str(source)))
+    elif isinstance(source, (str, os.PathLike)) and (Path(source) / "dataset_dict.json").is_file():
+        from datasets import load_from_disk
+
+        rows = list(load_from_disk(str(source))[split])
     elif isinstance(source, (str, os.PathLike)):
-        from datasets import load_dataset
+        from datasets import load_dataset  # a hub name (from the local cache) or a data directory
 
         rows = list(load_dataset(str(source), split=split))
     elif hasattr(source, "to_list") and hasattr(source, "column_names"):

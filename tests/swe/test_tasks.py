@@ -59,6 +59,13 @@ def test_hugging_face_dataset_and_mirrors(tmp_path: Path) -> None:
     (task,) = load_tasks(ds)
     assert task.FAIL_TO_PASS == ["a"] and task.PASS_TO_PASS == ["b"] and task.recipe == Recipe()
     ds.save_to_disk(str(tmp_path / "ds"))
+    assert load_tasks(str(tmp_path / "ds"))[0].FAIL_TO_PASS == ["a"]
+    from datasets import DatasetDict
+
+    DatasetDict({"test": ds}).save_to_disk(str(tmp_path / "dd"))
+    assert load_tasks(tmp_path / "dd", split="test")[0].PASS_TO_PASS == ["b"]
+    ds.to_json(str(tmp_path / "swe.jsonl"))  # the JSONL SWE-bench ships, lists as JSON strings
+    assert load_tasks(tmp_path / "swe.jsonl")[0].FAIL_TO_PASS == ["a"]
     (mirror := tmp_path / "mirrors" / "o__r.git").mkdir(parents=True)
     assert task.find_repo(tmp_path / "mirrors") == mirror
 
