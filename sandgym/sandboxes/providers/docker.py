@@ -316,10 +316,14 @@ class DockerProvider:
             raise SandboxCreateError(f"docker start failed: {e.explanation or e}") from e
         return cid
 
+    def make_transport(self, container_id: str, spec: SandboxSpec) -> Transport:
+        """The one place that picks how bytes reach a container (the agent plugs in here,
+        keeping docker exec as its fallback)."""
+        return DockerExecTransport(self.api, container_id, limiter=self._limiter)
+
     async def create(self, spec: SandboxSpec, labels: Mapping[str, str]) -> DockerSandbox:
         cid = await self._run(self._create_blocking, spec, labels)
-        transport = DockerExecTransport(self.api, cid, limiter=self._limiter)
-        return DockerSandbox(self, cid, spec, transport)
+        return DockerSandbox(self, cid, spec, self.make_transport(cid, spec))
 
     def _list_blocking(self, labels: Mapping[str, str] | None) -> list[SandboxInfo]:
         wanted = [LABEL_OWNER, *(f"{k}={v}" for k, v in (labels or {}).items())]
