@@ -1,33 +1,85 @@
 """Token logprobs (and entropy) from hidden states, in chunks.
 
 Full logits for a packed batch would be T x V floats (e.g. 32k tokens x 152k vocab x 4 bytes
-= 19 GiB). We project `chunk_size` positions at a time and keep only the target logprob and
-the entropy; under autograd each chunk is checkpointed, so its logits are recomputed in the
-backward pass instead of being stored.
+= 19 GiB). `ChunkedLogprobs` projects `chunk_size` positions at a time and keeps only the
+target logprob, the entropy and the log-partition per position; its backward recomputes each
+chunk's logits and forms d(logits) = g * (onehot(target) - softmax) directly, so no (T x V)
+tensor is stored and autograd never walks the softmax graph. Softmax arithmetic is float32
+(float64 stays float64); the projection runs in the hidden states' dtype (bf16 under autocast).
+
+Only positions that are trained on need logprobs: `packed_logprobs(..., only=mask)` projects
+just those (prompt and tool tokens are skipped), as TRL's fused LM head also does.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 
-def _chunk_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = F.linear(hidden, weight, bias)
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()  # softmax in fp32; fp64 stays fp64 (tests)
-    if temperature != 1.0:
-        logits = logits / temperature
-    logz = torch.logsumexp(logits, dim=-1)
-    tgt = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    lp = tgt - logz
-    with torch.no_grad():
-        p = torch.softmax(logits, dim=-1)
-        ent = logz - (p * logits).sum(-1)
-    return lp, ent
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class ChunkedLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int, inv_temp: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = hidden.shape[0]
+        acc = _acc_dtype(hidden.dtype)
+        w = weight.to(hidden.dtype)
+        lp = torch.empty(n, dtype=acc, device=hidden.device)
+        ent = torch.empty(n, dtype=acc, device=hidden.device)
+        logz = torch.empty(n, dtype=acc, device=hidden.device)
+        for s in range(0, n, chunk):
+            e = min(s + chunk, n)
+            logits = (hidden[s:e] @ w.t()).to(acc)
+            if inv_temp != 1.0:
+                logits.mul_(inv_temp)
+            z = torch.logsumexp(logits, dim=-1)
+            logits.sub_(z[:, None])  # now log-softmax, in place
+            lp[s:e] = logits.gather(-1, targets[s:e, None]).squeeze(-1)
+            p = logits.exp()
+            ent[s:e] = -(p * logits).sum(-1)
+            logz[s:e] = z
+            del logits, p
+        ctx.save_for_backward(hidden, weight, targets, logz)
+        ctx.chunk = chunk
+        ctx.inv_temp = inv_temp
+        ctx.mark_non_differentiable(ent)
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx: Any, grad_lp: torch.Tensor, grad_ent: torch.Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
+        hidden, weight, targets, logz = ctx.saved_tensors
+        chunk, inv_temp = ctx.chunk, ctx.inv_temp
+        acc = logz.dtype
+        w = weight.to(hidden.dtype)
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        g_all = grad_lp.to(acc)
+        n = hidden.shape[0]
+        for s in range(0, n, chunk):
+            e = min(s + chunk, n)
+            g = g_all[s:e]
+            logits = (hidden[s:e] @ w.t()).to(acc)
+            if inv_temp != 1.0:
+                logits.mul_(inv_temp)
+            # d lp / d logits = onehot(target) - softmax; scaled by the incoming gradient.
+            d = logits.sub_(logz[s:e, None]).exp_().mul_(-g[:, None])
+            d.scatter_add_(-1, targets[s:e, None], g[:, None])
+            if inv_temp != 1.0:
+                d.mul_(inv_temp)
+            d16 = d.to(hidden.dtype)
+            if need_h:
+                grad_h[s:e] = d16 @ w
+            if need_w:
+                grad_w.add_((d16.t() @ hidden[s:e]).to(acc))
+            del logits, d, d16
+        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None
 
 
 def chunked_logprobs(
@@ -37,22 +89,17 @@ def chunked_logprobs(
     chunk_size: int = 1024,
     temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """hidden: (T, H); targets: (T,). Returns (logprobs (T,) float32 with grad, entropy (T,) no grad)."""
-    weight = lm_head.weight
-    bias = getattr(lm_head, "bias", None)
-    lps: list[torch.Tensor] = []
-    ents: list[torch.Tensor] = []
-    need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    for s in range(0, hidden.shape[0], chunk_size):
-        h = hidden[s : s + chunk_size]
-        t = targets[s : s + chunk_size]
-        if need_grad:
-            lp, ent = checkpoint(_chunk_logprobs, h, weight, bias, t, temperature, use_reentrant=False)
-        else:
-            lp, ent = _chunk_logprobs(h, weight, bias, t, temperature)
-        lps.append(lp)
-        ents.append(ent.detach())
-    return torch.cat(lps), torch.cat(ents)
+    """hidden: (N, H); targets: (N,). Returns (logprobs (N,) with grad, entropy (N,) no grad),
+    float32 (float64 for float64 inputs)."""
+    if getattr(lm_head, "bias", None) is not None:
+        raise NotImplementedError("LM heads with a bias are not supported")
+    if hidden.shape[0] == 0:
+        z = hidden.new_zeros(0, dtype=_acc_dtype(hidden.dtype))
+        return z + hidden.sum() * 0, z  # keep the graph connected for an all-masked micro-batch
+    if hidden.dtype == torch.float32 and torch.is_autocast_enabled(hidden.device.type):
+        hidden = hidden.to(torch.get_autocast_dtype(hidden.device.type))
+    lp, ent = ChunkedLogprobs.apply(hidden, lm_head.weight, targets, chunk_size, 1.0 / temperature)
+    return lp, ent.detach()
 
 
 def packed_logprobs(
@@ -65,11 +112,15 @@ def packed_logprobs(
     kernel: str,
     chunk_size: int = 1024,
     temperature: float = 1.0,
+    only: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprobs of `targets` for a packed row through a transformers causal LM whose attention
-    implementation is sandgym's varlen one (see attention.use_varlen)."""
+    """Logprobs (T,) of `targets` for a packed row through a transformers causal LM whose
+    attention implementation is sandgym's varlen one (see attention.use_varlen). With `only`
+    (a (T,) mask), positions outside it are not projected and read 0."""
     from sandgym.train.attention import packed_forward_kwargs
 
+    # Indices first: nonzero() waits for the device, better before the forward is queued.
+    idx = only.nonzero().squeeze(-1) if only is not None else None
     base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     out = base(
         input_ids=input_ids,
@@ -78,4 +129,10 @@ def packed_logprobs(
         **packed_forward_kwargs(cu_seqlens, max_seqlen, kernel),
     )
     hidden = out.last_hidden_state[0]
-    return chunked_logprobs(hidden, model.get_output_embeddings(), targets, chunk_size, temperature)
+    head = model.get_output_embeddings()
+    if idx is None:
+        return chunked_logprobs(hidden, head, targets, chunk_size, temperature)
+    lp_sel, ent_sel = chunked_logprobs(hidden.index_select(0, idx), head, targets.index_select(0, idx), chunk_size, temperature)
+    lp = lp_sel.new_zeros(targets.shape[0]).index_put((idx,), lp_sel)
+    ent = ent_sel.new_zeros(targets.shape[0]).index_put((idx,), ent_sel)
+    return lp, ent

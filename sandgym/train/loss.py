@@ -131,18 +131,19 @@ def grpo_loss(
     cfg: LossConfig,
     inference_logprobs: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss share of one micro-batch and metric sums (divide by total_tokens for means)."""
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Loss share of one micro-batch and metric sums (0-d tensors, detached, so the caller
+    decides when to synchronise; divide by total_tokens for means)."""
     terms = per_token_terms(logprobs, old_logprobs, advantages, cfg, inference_logprobs, ref_logprobs)
     loss = reduce_loss(terms["loss"], mask, seq_index, norm, cfg)
     m = mask.to(logprobs.dtype)
     stats = {
-        "clip_sum": float((terms["clipped"] * m).sum()),
-        "ratio_sum": float((terms["ratio"] * m).sum()),
-        "tokens": float(m.sum()),
+        "clip_sum": (terms["clipped"] * m).sum().detach(),
+        "ratio_sum": (terms["ratio"] * m).sum(),
+        "tokens": m.sum(),
     }
     if "kl" in terms:
-        stats["kl_sum"] = float((terms["kl"] * m).sum())
+        stats["kl_sum"] = (terms["kl"] * m).sum()
     if "tis_weight" in terms:
-        stats["tis_weight_sum"] = float((terms["tis_weight"] * m).sum())
+        stats["tis_weight_sum"] = (terms["tis_weight"] * m).sum().detach()
     return loss, stats

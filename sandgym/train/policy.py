@@ -89,6 +89,7 @@ class PolicyTrainer:
                 mb.targets,
                 kernel=self.kernel,
                 chunk_size=self.model_cfg.logprob_chunk_size,
+                only=mb.mask > 0,  # project only trained positions
             )
 
     def step(self, seqs: list[Sequence]) -> dict[str, float]:
@@ -110,9 +111,11 @@ class PolicyTrainer:
                     old[i] = self._logprobs(self.model, mb)[0].detach()
                 if self.ref_model is not None and self.loss_cfg.kl_beta > 0:
                     ref[i] = self._logprobs(self.ref_model, mb)[0].detach()
-        sums: dict[str, float] = {}
+        sums: dict[str, torch.Tensor] = {}
+        grad_norm = torch.zeros(())
         for _ in range(iters):
-            sums = {"loss": 0.0, "entropy_sum": 0.0, "clip_sum": 0.0, "kl_sum": 0.0, "tokens": 0.0, "ratio_sum": 0.0, "inf_diff_sum": 0.0, "tis_weight_sum": 0.0}
+            # Metric sums stay on the device until the end: no host sync per micro-batch.
+            sums = {}
             self.optimizer.zero_grad(set_to_none=True)
             for i, mb in enumerate(mbs):
                 lp, ent = self._logprobs(self.model, mb)
@@ -130,12 +133,13 @@ class PolicyTrainer:
                 )
                 loss.backward()
                 m = mb.mask
-                sums["loss"] += float(loss.detach())
-                sums["entropy_sum"] += float((ent * m).sum())
+                stats["loss"] = loss.detach()
+                stats["entropy_sum"] = (ent * m).sum()
                 if use_inf:
-                    sums["inf_diff_sum"] += float(((old_lp - mb.inference_logprobs).abs() * m).sum())
+                    stats["inf_diff_sum"] = ((old_lp.detach() - mb.inference_logprobs).abs() * m).sum()
                 for k, v in stats.items():
-                    sums[k] = sums.get(k, 0.0) + v
+                    v = v.detach().double()
+                    sums[k] = sums[k] + v if k in sums else v
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)
             self.optimizer.step()
         self.scheduler.step()
@@ -143,24 +147,25 @@ class PolicyTrainer:
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
         ntok = sum(mb.num_tokens for mb in mbs)
-        tokens = max(sums["tokens"], 1.0)
+        host = {k: float(v) for k, v in sums.items()}  # one sync for all metrics
+        tokens = max(host["tokens"], 1.0)
         out = {
-            "loss": sums["loss"],
-            "entropy": sums["entropy_sum"] / tokens,
-            "clip_frac": sums["clip_sum"] / tokens,
-            "ratio_mean": sums["ratio_sum"] / tokens,
+            "loss": host["loss"],
+            "entropy": host["entropy_sum"] / tokens,
+            "clip_frac": host["clip_sum"] / tokens,
+            "ratio_mean": host["ratio_sum"] / tokens,
             "grad_norm": float(grad_norm) if math.isfinite(float(grad_norm)) else float("nan"),
             "lr": float(self.scheduler.get_last_lr()[0]),
             "train_tokens": float(ntok),
-            "loss_tokens": sums["tokens"],
+            "loss_tokens": host["tokens"],
             "micro_batches": float(len(mbs)),
             "train_s": dt,
             "train_tokens_per_s": ntok / dt if dt > 0 else 0.0,
         }
         if self.loss_cfg.kl_beta > 0:
-            out["kl"] = sums["kl_sum"] / tokens
+            out["kl"] = host["kl_sum"] / tokens
         if use_inf:
-            out["inference_logprob_abs_diff"] = sums["inf_diff_sum"] / tokens
+            out["inference_logprob_abs_diff"] = host["inf_diff_sum"] / tokens
         if self.loss_cfg.tis and use_inf:
-            out["tis_weight_mean"] = sums["tis_weight_sum"] / tokens
+            out["tis_weight_mean"] = host["tis_weight_sum"] / tokens
         return out

@@ -47,17 +47,18 @@ def test_varlen_sdpa_matches_naive_loops_with_gqa() -> None:
     assert float((out.double() - ref).norm() / ref.norm()) < 1e-5
 
 
-def test_chunked_logprobs_match_full_softmax() -> None:
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_logprobs_match_full_softmax(temperature: float) -> None:
     g = torch.Generator().manual_seed(1)
     head = torch.nn.Linear(16, 50, bias=False).double()
     hidden = torch.randn(23, 16, generator=g, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 50, (23,), generator=g)
-    lp, ent = chunked_logprobs(hidden, head, targets, chunk_size=5)
+    lp, ent = chunked_logprobs(hidden, head, targets, chunk_size=5, temperature=temperature)
     (lp * torch.linspace(-1, 1, 23, dtype=torch.float64)).sum().backward()
     g_hidden, g_w = hidden.grad.clone(), head.weight.grad.clone()
     hidden.grad = None
     head.weight.grad = None
-    logits = head(hidden)
+    logits = head(hidden) / temperature
     full = torch.log_softmax(logits, -1)
     ref = full.gather(-1, targets[:, None]).squeeze(-1)
     (ref * torch.linspace(-1, 1, 23, dtype=torch.float64)).sum().backward()
@@ -100,3 +101,28 @@ def test_packed_model_logprobs_equal_unpacked_forwards() -> None:
     got.sum().backward()
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-5, atol=1e-8, msg=n)
+
+
+def test_packed_logprobs_only_trained_positions() -> None:
+    """`only=mask` projects just the masked positions: same values there, zeros elsewhere,
+    same gradients as the full projection restricted to the mask."""
+    torch.manual_seed(0)
+    model = tiny_qwen2(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64).double()
+    use_varlen(model)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 256, (1, 15), generator=g)
+    pos = torch.cat([torch.arange(9), torch.arange(6)])[None]
+    cu = torch.tensor([0, 9, 15], dtype=torch.int32)
+    targets = torch.randint(0, 256, (15,), generator=g)
+    mask = torch.zeros(15, dtype=torch.bool)
+    mask[[3, 4, 5, 10, 11]] = True
+    full, _ = packed_logprobs(model, ids, pos, cu, 9, targets, kernel="sdpa", chunk_size=4)
+    (full * mask).sum().backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    part, ent = packed_logprobs(model, ids, pos, cu, 9, targets, kernel="sdpa", chunk_size=4, only=mask)
+    torch.testing.assert_close(part[mask], full[mask].detach())
+    assert bool((part[~mask] == 0).all()) and bool((ent[~mask] == 0).all()) and bool((ent[mask] > 0).all())
+    part.sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref[n], msg=n)
