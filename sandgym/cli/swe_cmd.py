@@ -139,7 +139,7 @@ def register(app: typer.Typer) -> None:
 
         tasks = load_bundled(dest)
         for t in tasks:
-            console.print(f"{t.instance_id:40} {t.base_commit[:12]}  {t.repo_path}")
+            console.print(f"{t.instance_id:40} {t.base_commit[:12]}  {t.repo_path}", soft_wrap=True)
         print(dest.resolve() / "tasks.jsonl")
 
     @swe.command("build")
@@ -164,10 +164,10 @@ def register(app: typer.Typer) -> None:
                 for t in task_list:
                     try:
                         b = await builder.ensure(t)
-                        console.print(f"{t.instance_id:40} {b.tag}  {'reused' if b.reused else f'built in {b.build_s:.1f}s'}")
+                        console.print(f"{t.instance_id:40} {b.tag}  {'reused' if b.reused else f'built in {b.build_s:.1f}s'}", soft_wrap=True)
                     except (ImageBuildError, OSError, RuntimeError) as exc:
                         failed += 1
-                        console.print(f"[red]{t.instance_id}[/]: {exc}")
+                        console.print(f"[red]{t.instance_id}[/]: {exc}", soft_wrap=True)
 
         anyio.run(go)
         if failed:
