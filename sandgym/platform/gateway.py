@@ -14,6 +14,7 @@ import logging
 import uuid as uuidlib
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
+from typing import Any
 
 from fastapi import APIRouter, File, Query, Request, UploadFile
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -25,7 +26,8 @@ from sandgym.sandboxes.errors import SandboxFileNotFound, SandboxGoneError
 from .connect import Codec, ConnectFault, end_stream, envelope, iter_envelopes, parse_timeout_ms
 from .models import ReadFileOut, UploadOut
 from .service import Service
-from .sessions import Session, ShellLiveProcess
+from .live_docker import DockerLiveProcess, docker_target
+from .sessions import LiveProcess, Session, ShellLiveProcess
 from .store import Record
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,7 @@ KEEPALIVE_S = 15.0
 DATA_CHUNK = 256 * 1024
 MAX_READ_BYTES = 32 << 20  # read-file without a window; larger files answer 413
 SERVICE = "command_session.CommandSession"
+EXEC_TIMEOUT_HEADER = "x-sandgym-exec-timeout-ms"
 
 
 def _bearer(request: Request) -> str:
@@ -120,7 +123,16 @@ def build_router(service: Service) -> APIRouter:
 
         try:
             if method == "Start":
-                return await _start(service, rec, sb, codec.decode(raw, pb.StartRequest), codec, deadline)
+                # sandgym's prime provider also sends the command's own timeout, shorter than
+                # the Connect deadline, so the server's deadline_exceeded (sent after the kill
+                # finished) reaches it before its client-side timer fires.
+                exec_timeout = parse_timeout_ms(request.headers.get(EXEC_TIMEOUT_HEADER))
+                if exec_timeout is None or (deadline is not None and exec_timeout > deadline):
+                    # Plain SDK clients time out at the deadline themselves: kill a little
+                    # earlier (exec start-up inside the sandbox delays its timer), so the
+                    # command is gone by the time the client sees DEADLINE_EXCEEDED.
+                    exec_timeout = deadline - min(1.0, 0.25 * deadline) if deadline is not None else None
+                return await _start(service, rec, sb, codec.decode(raw, pb.StartRequest), codec, exec_timeout)
             if method == "Connect":
                 req = codec.decode(raw, pb.ConnectRequest)
                 sess = _session(rec, req.session)
@@ -366,7 +378,11 @@ async def _start(
         yield _event(start=pb.CommandSessionEvent.StartEvent(pid=0))
         # exec's timeout kills the command and its children at the deadline; the stream's
         # own deadline is a few seconds later, a backstop for an exec that hangs.
-        res = await sb.exec(argv, timeout=deadline, env=env, cwd=cwd)
+        call = sb.exec(argv, timeout=deadline, env=env, cwd=cwd)
+        # With a deadline, a client that hangs up does not cancel the exec: it ends by its
+        # own timeout, whose kill is complete when it returns (a cancelled exec is killed
+        # asynchronously, racing the client's next command).
+        res = await _detached(call) if deadline is not None else await call
         rec.log(f"exec exit={res.exit_code} timed_out={res.timed_out} {argv[-1][:200]!r}")
         if res.timed_out:
             raise ConnectFault("deadline_exceeded", f"command timed out after {deadline}s")
@@ -375,6 +391,16 @@ async def _start(
         yield _end(res.exit_code)
 
     return _stream(codec, run(), deadline + 5.0 if deadline is not None else None, rec)
+
+
+_DETACHED: set[asyncio.Task[object]] = set()
+
+
+async def _detached(coro: Any) -> Any:
+    task = asyncio.ensure_future(coro)
+    _DETACHED.add(task)
+    task.add_done_callback(_DETACHED.discard)
+    return await asyncio.shield(task)
 
 
 async def _start_live(
@@ -392,8 +418,9 @@ async def _start_live(
     uuid = req.session_uuid if req.HasField("session_uuid") and req.session_uuid else None
     sess = rec.sessions.get(uuid) if uuid else None
     if sess is None:
-        proc = ShellLiveProcess(sb, argv)
-        await proc.start(env, cwd)
+        target = docker_target(sb)
+        proc: LiveProcess = DockerLiveProcess(*target, argv) if target else ShellLiveProcess(sb, argv)
+        await proc.start(env, sb.resolve(cwd) if cwd else None)
         sess = Session(uuid=uuid or str(uuidlib.uuid4()), argv=argv, cwd=cwd, process=proc)
         rec.sessions.add(sess)
         events = _follow(sess)  # subscribed before the pump starts: no output is missed

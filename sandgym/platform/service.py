@@ -205,6 +205,8 @@ class Service:
         # Keep a token while it has more than a quarter of its life left; the SDK refreshes
         # 60 s before expiry and coalesces, so tokens rotate rarely.
         if rec.gw_expires - now < self.config.gateway_token_ttl_s / 4:
+            # The previous token stays good until its own expiry: other clients hold it.
+            rec.gw_prev = (rec.gw_token, rec.gw_expires)
             rec.gw_token = secrets.token_urlsafe(24)
             rec.gw_expires = now + self.config.gateway_token_ttl_s
         base = (self.config.public_url or base_url).rstrip("/")
@@ -221,9 +223,11 @@ class Service:
         rec = self.store.get_any(job_id)
         if rec is None or rec.tenant != user_ns or not token:
             return None
-        if not hmac.compare_digest(rec.gw_token.encode(), token.encode()) or time.time() > rec.gw_expires:
-            return None
-        return rec
+        now = time.time()
+        for known, expires in ((rec.gw_token, rec.gw_expires), rec.gw_prev):
+            if known and now <= expires and hmac.compare_digest(known.encode(), token.encode()):
+                return rec
+        return None
 
     # ---- delete / reap -----------------------------------------------------------------
 

@@ -2,8 +2,9 @@
 
 `Sandbox.exec` runs a command to completion, which is all plain command execution needs. A
 live process needs output while it runs, stdin and signals, so it sits behind `LiveProcess`.
-The one implementation here, `ShellLiveProcess`, is built from `Sandbox.exec` alone and so
-works on every provider: the command runs detached in its own session inside the sandbox with
+`DockerLiveProcess` (live_docker.py) streams through the Docker exec API on the docker
+provider. `ShellLiveProcess`, here, is built from `Sandbox.exec` alone and so works on every
+provider (the fallback): the command runs detached in its own session inside the sandbox with
 a FIFO as stdin and files as stdout/stderr; a poller reads new bytes by offset (20 ms, backing
 off to 250 ms when quiet); stdin is written into the FIFO; signals go to the process group.
 Its cost is one exec per poll, and latency of one poll interval.
@@ -34,6 +35,10 @@ _RETAIN_S = 120.0  # an exited session stays attachable (replays its end) this l
 
 class LiveProcess(ABC):
     pid: int
+
+    @abstractmethod
+    async def start(self, env: Mapping[str, str] | None, cwd: str | None) -> None:
+        """Start the command; `pid` is set when this returns."""
 
     @abstractmethod
     def events(self) -> AsyncIterator[Event]:

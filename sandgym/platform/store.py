@@ -51,6 +51,7 @@ class Record:
     sandbox: Sandbox | None = None
     gw_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     gw_expires: float = 0.0
+    gw_prev: tuple[str, float] = ("", 0.0)  # the token before the last rotation, and its expiry
     created_mono: float = field(default_factory=time.monotonic)
     last_active: float = field(default_factory=time.monotonic)
     logs: deque[str] = field(default_factory=lambda: deque(maxlen=500))

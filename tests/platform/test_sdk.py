@@ -243,6 +243,11 @@ async def test_live_process_stdin_and_signal(server: ServerThread, client: Async
             if seen.count(b"\n") >= 2:
                 break
         assert seen == b"got:alpha\ngot:beta\n"
+        rec = server.service.store.get_any(sandbox_id)
+        assert rec is not None and rec.sessions is not None
+        kinds = {type(s.process).__name__ for s in rec.sessions.running()}
+        want = "DockerLiveProcess" if server.service.manager.provider.name == "docker" else "ShellLiveProcess"
+        assert kinds == {want}
         await proc.terminate()
         assert await asyncio.wait_for(proc.wait(), 20) == 143
     finally:

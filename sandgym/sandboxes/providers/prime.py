@@ -32,6 +32,7 @@ from ..result import ExecResult, SandboxInfo
 from ..spec import SandboxSpec
 
 TIMEOUT_EXIT = 124
+_DEADLINE_GRACE_MS = 5000
 _LABEL_SEP = "="
 _PAGE = 100
 
@@ -148,11 +149,16 @@ class PrimeSandbox(Sandbox):
             out, err = bytearray(), bytearray()
             code: int | None = None
             try:
+                ms = max(1, math.ceil(timeout * 1000))
                 stream = rpc.execute_server_stream(
                     request=request,
                     method=COMMAND_SESSION_START_RPC_METHOD,
-                    headers={"Authorization": f"Bearer {auth['token']}"},
-                    timeout_ms=max(1, math.ceil(timeout * 1000)),
+                    # `sandgym serve` kills the command at the exec timeout and answers
+                    # deadline_exceeded once it is gone; the Connect deadline is later, so
+                    # that answer (not our own timer) ends the call. Other servers ignore
+                    # the header and allow the command the grace too.
+                    headers={"Authorization": f"Bearer {auth['token']}", "x-sandgym-exec-timeout-ms": str(ms)},
+                    timeout_ms=ms + _DEADLINE_GRACE_MS,
                 )
                 async for event in stream:
                     c = collect_command_session_start_event(event, out, err)
