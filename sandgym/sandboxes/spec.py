@@ -39,7 +39,9 @@ class SandboxSpec(BaseModel):
     image: str = Field(DEFAULT_IMAGE, min_length=1, description="Image name (docker/prime).")
     cpu: Annotated[float, Field(gt=0, description="CPU cores (fractional allowed).")] = 1.0
     memory_mb: Annotated[int, Field(ge=16, le=1024 * 1024, description="Memory limit, MiB.")] = 1024
-    disk_mb: Annotated[int, Field(ge=1, le=1024 * 1024, description="Writable space, MiB.")] = 1024
+    # Docker backs the workdir and /tmp with tmpfs (disk_mb each), which is charged to the
+    # memory limit: keep 2 * disk_mb well under memory_mb or a full disk starves processes.
+    disk_mb: Annotated[int, Field(ge=1, le=1024 * 1024, description="Writable space, MiB.")] = 256
     pids: Annotated[int, Field(ge=8, le=1_000_000, description="Max processes.")] = 256
     gpus: Annotated[int, Field(ge=0, le=64, description="GPUs to expose.")] = 0
     network: bool = Field(False, description="Allow network access (off by default).")
