@@ -9,6 +9,7 @@ function of the request. Token ids and logprobs come back the way vLLM returns t
 Token ids come from a toy byte-level "chat template" (`render`), so the prompt ids of turn
 k+1 begin with turn k's prompt ids followed by its completion ids, as with a real template.
 Failure modes: an HTTP status (e.g. 500), a delay (to trip client timeouts), malformed JSON.
+`stream: true` requests get the same reply as server-sent events.
 
     with MockOpenAIServer([Reply(content="hi")]) as srv:
         client = OpenAIClient(srv.base_url)
@@ -26,7 +27,7 @@ from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 
@@ -165,6 +166,27 @@ class MockOpenAIServer:
         resp.update(reply.extra)
         return resp
 
+    @staticmethod
+    async def sse_chunks(body: dict[str, Any], resp: dict[str, Any]) -> Any:
+        """The same reply as server-sent events (`stream: true`): one delta chunk with the
+        content, tool calls and logprobs, a finish chunk, the usage chunk when asked, [DONE]."""
+        choice = resp["choices"][0]
+        msg = choice["message"]
+        base = {k: resp[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+        delta: dict[str, Any] = {"role": "assistant", "content": msg.get("content") or ""}
+        if msg.get("tool_calls"):
+            delta["tool_calls"] = [dict(c, index=i) for i, c in enumerate(msg["tool_calls"])]
+        first: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": choice.get("logprobs"), "finish_reason": None}
+        if "token_ids" in choice:
+            first["token_ids"] = choice["token_ids"]
+        chunks = [base | {"choices": [first]} | ({"prompt_token_ids": resp["prompt_token_ids"]} if "prompt_token_ids" in resp else {})]
+        chunks.append(base | {"choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"]}]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunks.append(base | {"choices": [], "usage": resp["usage"]})
+        for c in chunks:
+            yield f"data: {json.dumps(c)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
     def app(self) -> Any:
         app = FastAPI()
 
@@ -182,7 +204,10 @@ class MockOpenAIServer:
                 return JSONResponse({"error": {"message": f"scripted error {reply.status}", "type": "server_error"}}, status_code=reply.status)
             if reply.malformed:
                 return Response(b'{"id": "x", "choices": [ this is not json', media_type="application/json")
-            return JSONResponse(self.build_response(body, reply))
+            resp = self.build_response(body, reply)
+            if body.get("stream"):
+                return StreamingResponse(self.sse_chunks(body, resp), media_type="text/event-stream")
+            return JSONResponse(resp)
 
         return app
 
