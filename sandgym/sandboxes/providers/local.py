@@ -97,7 +97,7 @@ from ..errors import SandboxCreateError, SandboxError, SandboxGoneError, SpecErr
 from ..result import ExecResult, SandboxInfo
 from ..spec import LABEL_HOST, LABEL_PID, SandboxSpec, host_cpus
 from ..ownership import process_start_time
-from .local_cgroup import CgroupSet, kill_until_gone, pids_of_uid
+from .local_cgroup import CgroupSet, kill_until_gone, pids_of_uid, pids_with_env
 from .local_exec import Launch, run_process
 from .local_fs import SandboxFS
 from .local_probe import (
@@ -117,6 +117,7 @@ T = TypeVar("T")
 
 Isolation = Literal["auto", "bwrap", "none"]
 
+SANDBOX_ID_ENV = "SANDGYM_SANDBOX_ID"  # in every sandbox process: lets remove() find them
 SANDBOX_UID = 1000  # the sandbox user inside bwrap (like the images' `sandbox` user)
 HOME = "/home/sandbox"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -355,7 +356,11 @@ class LocalProvider:
             # pid 1 of the sandbox's pid namespace: the kernel takes every process in it along.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(meta.init_pid, signal.SIGKILL)
-        kill_until_gone(lambda: cg.procs() | (pids_of_uid(uid) if uid is not None else set()), 10.0)
+        def members() -> set[int]:
+            found = cg.procs() | pids_with_env(SANDBOX_ID_ENV, sid)
+            return found | pids_of_uid(uid) if uid is not None else found
+
+        kill_until_gone(members, 10.0)
         cg.destroy()
         fs = str(d / "fs")
         if (meta is None or meta.mounted) and is_mountpoint(fs):
@@ -422,6 +427,7 @@ class LocalSandbox(Sandbox):
         self._nproc_wrap: list[str] = []
         self._root_drop: list[str] = []
         self._holder: subprocess.Popen[bytes] | None = None
+        self._running: set[int] = set()  # process groups of execs in flight, for close()
         self._launch, self._prefix = self._plan(caps)
         self.persistent = self.mode == "bwrap" and owner.persistent and caps.nsenter is not None
         self._nsenter = caps.nsenter
@@ -522,7 +528,7 @@ class LocalSandbox(Sandbox):
         base = {
             "PATH": PATH, "HOME": self._home, "USER": user, "LOGNAME": user,
             "LANG": "C.UTF-8", "SHELL": "/bin/bash", "TMPDIR": self._tmp,
-            "SANDGYM_SANDBOX_ID": self.id,
+            SANDBOX_ID_ENV: self.id,
         }  # fmt: skip
         return {**base, **self.spec.env, **(env or {})}
 
@@ -578,6 +584,7 @@ class LocalSandbox(Sandbox):
             launch=self._launch,
             cpu_limit_s=int(math.ceil(timeout * host_cpus())) + 5,
             oom_counter=self._cg.oom_kills if self._cg.has_memory else None,
+            running=self._running,
         )
         if self._closed and not result.timed_out:
             raise SandboxGoneError(f"sandbox {self.id} was closed while the command ran")
@@ -617,5 +624,8 @@ class LocalSandbox(Sandbox):
         if self._closed:
             return
         self._closed = True
+        for pgid in list(self._running):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
         await anyio.to_thread.run_sync(self._owner._remove_sync, self.id)
         await anyio.to_thread.run_sync(self._reap_holder)

@@ -216,3 +216,21 @@ def pids_of_uid(uid: int) -> set[int]:
         except (OSError, ValueError, IndexError):
             continue
     return out
+
+
+def pids_with_env(name: str, value: str) -> set[int]:
+    """Live processes whose environment holds name=value (the sandbox id every sandbox
+    process starts with): the last resort where neither cgroups nor a private uid can
+    tell which processes are the sandbox's. Misses what cleared its environment."""
+    needle = f"{name}={value}".encode()
+    out: set[int] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    out.add(int(pid))
+        except OSError:
+            continue
+    return out

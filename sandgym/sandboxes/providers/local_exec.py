@@ -85,6 +85,7 @@ async def run_process(
     launch: Launch,
     cpu_limit_s: int,
     oom_counter: Callable[[], int | None] | None = None,
+    running: set[int] | None = None,
 ) -> ExecResult:
     """Run `argv` to completion or `timeout`; never raises for a failing command."""
     out, err = CappedBuffer(limit), CappedBuffer(limit)
@@ -105,6 +106,8 @@ async def run_process(
     except (OSError, subprocess.SubprocessError) as e:
         raise SandboxError(f"could not start {argv[0]!r} in the sandbox: {e}") from e
     assert proc.stdout is not None and proc.stderr is not None
+    if running is not None:
+        running.add(proc.pid)  # its process group id too (start_new_session)
     tasks = [asyncio.ensure_future(_pump(proc.stdout, out)), asyncio.ensure_future(_pump(proc.stderr, err))]
     if stdin is not None:
         assert proc.stdin is not None
@@ -132,6 +135,8 @@ async def run_process(
             await asyncio.shield(proc.wait())
         raise
     finally:
+        if running is not None:
+            running.discard(proc.pid)
         transport = getattr(proc, "_transport", None)
         if transport is not None:
             transport.close()  # closes pipes still held open by stray background processes

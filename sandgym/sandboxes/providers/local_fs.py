@@ -19,6 +19,7 @@ maps to fs/work for callers. Other paths (/usr, /etc, ...) are refused.
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import io
 import os
@@ -208,10 +209,7 @@ class SandboxFS:
         with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
             members: list[tarfile.TarInfo] = []
             for m in tar.getmembers():
-                try:
-                    f = tarfile.data_filter(m, _FILTER_DEST)
-                except tarfile.FilterError as e:
-                    raise SandboxError(f"archive member refused: {e}") from None
+                f = _data_filter(m)
                 if f is not None:
                     members.append(f)
             dfd, _ = self.open_dir(dest, create=True)
@@ -299,6 +297,34 @@ class SandboxFS:
         ti = _info(arc, st, tarfile.REGTYPE)
         ti.size = len(data)
         tar.addfile(ti, io.BytesIO(data))
+
+
+def _data_filter(m: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """tarfile's 'data' filter (Python >= 3.11.4), or the same rules by hand before it."""
+    if hasattr(tarfile, "data_filter"):
+        try:
+            return tarfile.data_filter(m, _FILTER_DEST)
+        except tarfile.FilterError as e:
+            raise SandboxError(f"archive member refused: {e}") from None
+    name = m.name.lstrip("/")
+    parts = name.split("/")
+    if ".." in parts:
+        raise SandboxError(f"archive member refused: {m.name!r} leaves the destination")
+    if m.issym() or m.islnk():
+        link = m.linkname
+        base = posixpath.dirname(name) if m.issym() else ""
+        target = posixpath.normpath(posixpath.join("/dest", base, link))
+        if link.startswith("/") or not (target + "/").startswith("/dest/"):
+            raise SandboxError(f"archive member refused: link {m.name!r} -> {link!r} leaves the destination")
+    elif not (m.isreg() or m.isdir()):
+        raise SandboxError(f"archive member refused: {m.name!r} is a special file")
+    mode = m.mode & 0o755
+    if m.isreg() or m.islnk():
+        mode = (mode if mode & 0o100 else mode & ~0o111) | 0o600
+    f = copy.copy(m)  # TarInfo.replace() is 3.11.4+ too
+    f.name = name
+    f.mode = None if m.isdir() or m.issym() else mode  # type: ignore[assignment]
+    return f
 
 
 def _info(name: str, st: os.stat_result, kind: bytes) -> tarfile.TarInfo:
