@@ -457,6 +457,40 @@ async def test_archive_refuses_unsafe_members(provider):
         assert r.stdout == ""
 
 
+async def test_archive_rules_without_stdlib_filter(provider, monkeypatch):
+    """Before Python 3.11.4 tarfile has no 'data' filter; the same rules apply by hand."""
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    async with await make(provider) as sb:
+        dest = sb.spec.workdir
+        good = io.BytesIO()
+        with tarfile.open(fileobj=good, mode="w") as t:
+            ti = tarfile.TarInfo("/abs/setuid.sh")  # leading '/' is stripped, like the filter
+            ti.size, ti.mode = 3, 0o4777
+            t.addfile(ti, io.BytesIO(b"hi\n"))
+            link = tarfile.TarInfo("abs/link")
+            link.type, link.linkname = tarfile.SYMTYPE, "setuid.sh"
+            t.addfile(link)
+        await sb.put_archive(dest, good.getvalue())
+        assert await sb.read_file("abs/link") == b"hi\n"
+        mode = os.stat(Path(sb.host_dirs["work"]) / "abs" / "setuid.sh").st_mode & 0o7777
+        assert mode == 0o755  # no setuid, no group/other write
+        for name, kind, linkname in [
+            ("../up", tarfile.REGTYPE, ""),
+            ("a/../../up", tarfile.REGTYPE, ""),
+            ("ln", tarfile.SYMTYPE, "../../etc"),
+            ("ln2", tarfile.SYMTYPE, "/etc/passwd"),
+            ("dev", tarfile.CHRTYPE, ""),
+            ("fifo", tarfile.FIFOTYPE, ""),
+        ]:
+            bad = io.BytesIO()
+            with tarfile.open(fileobj=bad, mode="w") as t:
+                ti = tarfile.TarInfo(name)
+                ti.type, ti.linkname = kind, linkname
+                t.addfile(ti, io.BytesIO(b"") if kind == tarfile.REGTYPE else None)
+            with pytest.raises(SandboxError, match="refused"):
+                await sb.put_archive(dest, bad.getvalue())
+
+
 async def test_upload_download_round_trip(provider, tmp_path):
     src = tmp_path / "proj"
     (src / "pkg" / "deep").mkdir(parents=True)
