@@ -45,15 +45,12 @@ def _docker_checks() -> list[Check]:
     return checks
 
 
-def _bwrap_check() -> Check:
-    path = shutil.which("bwrap")
-    if not path:
-        return Check("bubblewrap (local provider)", False, "not installed",
-                     "apt-get install -y bubblewrap", required=False)
-    r = subprocess.run([path, "--unshare-all", "--ro-bind", "/", "/", "true"], capture_output=True, text=True)
-    return Check("bubblewrap (local provider)", r.returncode == 0,
-                 path if r.returncode == 0 else f"present but fails: {r.stderr.strip()[:80]}",
-                 "enable user namespaces (sysctl kernel.unprivileged_userns_clone=1)", required=False)
+def _local_check() -> Check:
+    from sandgym.sandboxes.providers.local import LocalProvider
+
+    caps = LocalProvider().capabilities
+    return Check("local provider isolation", caps.bwrap is not None, caps.summary(),
+                 "apt-get install -y bubblewrap (and allow user namespaces)", required=False)
 
 
 def _module(name: str, what: str, fix: str) -> Check:
@@ -66,7 +63,7 @@ def register(app: typer.Typer) -> None:
     def doctor() -> None:
         """Check the Docker engine, images, bubblewrap and optional extras."""
         checks = _docker_checks() + [
-            _bwrap_check(),
+            _local_check(),
             Check("debootstrap (base image)", shutil.which("debootstrap") is not None,
                   shutil.which("debootstrap") or "not installed", "apt-get install -y debootstrap", required=False),
             _module("prime_sandboxes", "prime-sandboxes SDK", "pip install 'sandgym[prime]'"),

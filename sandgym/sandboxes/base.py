@@ -12,6 +12,7 @@ import os
 import tarfile
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -33,6 +34,17 @@ def shell_argv(cmd: Command) -> list[str]:
 
 def as_bytes(data: bytes | str) -> bytes:
     return data.encode() if isinstance(data, str) else data
+
+
+@dataclass(frozen=True)
+class ExecJob:
+    """One command of `Sandbox.exec_many`; each has its own timeout and result."""
+
+    cmd: Command
+    timeout: float | None = None
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+    stdin: bytes | str | None = None
 
 
 class Sandbox(ABC):
@@ -75,6 +87,31 @@ class Sandbox(ABC):
     async def close(self) -> None:
         """Destroy the sandbox. Idempotent."""
 
+    async def exec_many(self, jobs: Sequence[ExecJob], *, parallel: int | None = None) -> list[ExecResult]:
+        """Run many commands, results in job order (each as `exec` would return it). This
+        default runs them as concurrent `exec` calls, at most `parallel` (default 8) at once;
+        a provider may do it in one round trip (docker with the in-sandbox agent)."""
+        import anyio
+
+        results: list[ExecResult | None] = [None] * len(jobs)
+        limit = anyio.CapacityLimiter(max(1, parallel or 8))
+
+        async def one(i: int, job: ExecJob) -> None:
+            async with limit:
+                results[i] = await self.exec(
+                    job.cmd, timeout=job.timeout, env=job.env, cwd=job.cwd, stdin=job.stdin
+                )
+
+        async with anyio.create_task_group() as tg:
+            for i, job in enumerate(jobs):
+                tg.start_soon(one, i, job)
+        return [r for r in results if r is not None]
+
+    async def reset(self) -> bool:
+        """Make the sandbox like new for another user: no processes but its own, an empty
+        workdir and /tmp. Returns False when this sandbox cannot (then do not reuse it)."""
+        return False
+
     async def alive(self) -> bool:
         try:
             return (await self.exec(["true"], timeout=10)).exit_code == 0
@@ -105,7 +142,15 @@ class Sandbox(ABC):
         dest.mkdir(parents=True, exist_ok=True)
         data = await self.get_archive(self.resolve(remote))
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            tar.extractall(dest, filter="data")
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(dest, filter="data")
+            else:  # Python < 3.11.4: refuse escaping members ourselves
+                root = dest.resolve()
+                for m in tar.getmembers():
+                    target = (dest / m.name).resolve()
+                    if not target.is_relative_to(root) or m.issym() or m.islnk() or m.isdev():
+                        raise ValueError(f"unsafe archive member {m.name!r}")
+                tar.extractall(dest)
         return dest / Path(remote.rstrip("/")).name
 
     async def __aenter__(self) -> "Sandbox":
