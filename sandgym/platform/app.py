@@ -14,12 +14,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .auth import TokenAuth
 from .gateway import build_router
 from .models import (
-    STATUSES,
+    Status,
     BulkDeleteBody,
     BulkDeleteOut,
     CreateSandboxBody,
     DeleteOut,
     ErrorContextOut,
+    GatewayAuth,
     LogsOut,
     SandboxListOut,
     SandboxOut,
@@ -32,13 +33,16 @@ from .service import InvalidRequest, ServerConfig, Service
 from .store import QuotaExceeded, Record
 
 
+_NOT_FOUND: dict[int | str, dict[str, object]] = {404: {"description": "No such sandbox for this token"}}
+
+
 def sandbox_out(rec: Record, service: Service, request: Request, *, with_auth: bool = False) -> SandboxOut:
     b = rec.body
     spec = rec.spec
     return SandboxOut(
         id=rec.id,
         name=b.name,
-        docker_image=b.docker_image or "",
+        docker_image=b.docker_image,
         cpu_cores=b.cpu_cores,
         memory_gb=b.memory_gb,
         disk_size_gb=b.disk_size_gb or 5.0,
@@ -81,6 +85,7 @@ def create_app(config: ServerConfig) -> FastAPI:
             "unmodified SDK here with PRIME_API_BASE_URL and PRIME_API_KEY."
         ),
         lifespan=lifespan,
+        responses={401: {"description": "Missing or invalid API token"}},
     )
     app.state.service = service
     # A plain default (not an Annotated alias): annotations are strings here and FastAPI
@@ -91,7 +96,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # 405 means the path exists for another method: to a client probing an optional
         # endpoint (checkpoints, networks, ...) that is the same as "not offered here".
-        if exc.status_code == 405:
+        if exc.status_code == 405 and request.url.path not in static_paths:
             return JSONResponse({"detail": f"{request.method} {request.url.path} is not supported by this server"}, status_code=404)
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
@@ -111,7 +116,13 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     # ---- control plane ---------------------------------------------------------------
 
-    @app.post("/api/v1/sandbox", response_model=SandboxOut, tags=["sandboxes"], summary="Create a sandbox")
+    @app.post(
+        "/api/v1/sandbox",
+        response_model=SandboxOut,
+        tags=["sandboxes"],
+        summary="Create a sandbox (answers PENDING; it becomes RUNNING or ERROR in the background)",
+        responses={429: {"description": "This token's quota of live sandboxes is used up"}},
+    )
     async def create(body: CreateSandboxBody, request: Request, tenant: str = tenant_dep) -> JSONResponse:
         try:
             rec = service.create(tenant, body)
@@ -128,20 +139,15 @@ def create_app(config: ServerConfig) -> FastAPI:
         tenant: str = tenant_dep,
         page: int = Query(1, ge=1, le=1_000_000),
         per_page: int = Query(50, ge=1, le=100),
-        status: str | None = Query(None, description="one of " + ", ".join(STATUSES)),
+        status: Status | None = Query(None),
         labels: list[str] | None = Query(None, description="sandboxes carrying all these labels"),
         is_active: bool | None = Query(None, description="true: only not-ended sandboxes"),
         team_id: str | None = Query(None),
         user_id: str | None = Query(None),
     ) -> JSONResponse:
-        if status is not None and status.upper() not in STATUSES:
-            return JSONResponse(
-                {"detail": [{"type": "enum", "loc": ["query", "status"], "msg": f"status must be one of {', '.join(STATUSES)}"}]},
-                status_code=422,
-            )
         recs = service.store.for_tenant(tenant)
         if status:
-            recs = [r for r in recs if r.status == status.upper()]
+            recs = [r for r in recs if r.status == status]
         if labels:
             want = set(labels)
             recs = [r for r in recs if want <= set(r.body.labels)]
@@ -198,12 +204,12 @@ def create_app(config: ServerConfig) -> FastAPI:
                 )
         return StatusBatchOut(statuses=statuses, errors=errors)
 
-    @app.get("/api/v1/sandbox/{sandbox_id}", response_model=SandboxOut, tags=["sandboxes"], summary="Get a sandbox")
+    @app.get("/api/v1/sandbox/{sandbox_id}", response_model=SandboxOut, responses=_NOT_FOUND, tags=["sandboxes"], summary="Get a sandbox")
     async def get(sandbox_id: str, request: Request, tenant: str = tenant_dep) -> JSONResponse:
         out = sandbox_out(own(tenant, sandbox_id), service, request)
         return JSONResponse(out.model_dump(mode="json", by_alias=True))
 
-    @app.delete("/api/v1/sandbox/{sandbox_id}", response_model=DeleteOut, tags=["sandboxes"], summary="Delete a sandbox (idempotent)")
+    @app.delete("/api/v1/sandbox/{sandbox_id}", response_model=DeleteOut, responses=_NOT_FOUND, tags=["sandboxes"], summary="Delete a sandbox (idempotent)")
     async def delete(sandbox_id: str, tenant: str = tenant_dep) -> DeleteOut:
         rec = own(tenant, sandbox_id)
         if not rec.ended:
@@ -211,7 +217,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         service.terminate(rec, "deleted")
         return DeleteOut(id=rec.id, status=rec.status)
 
-    @app.post("/api/v1/sandbox/{sandbox_id}/auth", tags=["sandboxes"], summary="Gateway credentials for a sandbox")
+    @app.post("/api/v1/sandbox/{sandbox_id}/auth", response_model=GatewayAuth, responses=_NOT_FOUND, tags=["sandboxes"], summary="Gateway credentials for a sandbox")
     async def gateway_auth(sandbox_id: str, request: Request, tenant: str = tenant_dep) -> JSONResponse:
         rec = own(tenant, sandbox_id)
         return JSONResponse(service.gateway_auth(rec, str(request.base_url)).model_dump())
@@ -219,6 +225,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     @app.get(
         "/api/v1/sandbox/{sandbox_id}/error-context",
         response_model=ErrorContextOut,
+        responses=_NOT_FOUND,
         tags=["sandboxes"],
         summary="Why a sandbox is not running",
     )
@@ -227,13 +234,16 @@ def create_app(config: ServerConfig) -> FastAPI:
         out = ErrorContextOut(status=rec.status, error_type=rec.error_type, error_message=rec.error_message)
         return JSONResponse(out.model_dump(by_alias=True))
 
-    @app.get("/api/v1/sandbox/{sandbox_id}/logs", response_model=LogsOut, tags=["sandboxes"], summary="Sandbox event log")
+    @app.get("/api/v1/sandbox/{sandbox_id}/logs", response_model=LogsOut, responses=_NOT_FOUND, tags=["sandboxes"], summary="Sandbox event log")
     async def logs(sandbox_id: str, tenant: str = tenant_dep) -> LogsOut:
         return LogsOut(logs="\n".join(own(tenant, sandbox_id).logs))
 
     # ---- gateway, health ---------------------------------------------------------------
 
     app.include_router(build_router(service))
+    # Paths without parameters answer 405 for another method as usual; elsewhere a 405 only
+    # means an optional endpoint collided with a parameterised one.
+    static_paths = {getattr(r, "path", "") for r in app.routes if "{" not in getattr(r, "path", "{")}
 
     @app.get("/health", tags=["ops"], summary="Liveness (no auth)")
     async def health() -> dict[str, str]:

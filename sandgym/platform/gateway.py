@@ -92,11 +92,31 @@ def _data(kind: str, data: bytes) -> list[pb.StartResponse]:
 
 
 def build_router(service: Service) -> APIRouter:
-    router = APIRouter(prefix="/gateway/{user_ns}/{job_id}", tags=["gateway"])
+    router = APIRouter(
+        prefix="/gateway/{user_ns}/{job_id}",
+        tags=["gateway"],
+        responses={
+            401: {"description": "Missing, wrong or expired gateway token (POST /sandbox/{id}/auth for one)"},
+            409: {"description": "The sandbox is not running yet"},
+            410: {"description": '`{"error": "sandbox_terminated"}`: the sandbox was deleted'},
+            502: {"description": '`{"error": "sandbox_not_found"}`: no such sandbox (the SDK\'s contract)'},
+        },
+    )
 
     # ---- Connect: command_session.CommandSession ---------------------------------------
 
-    @router.post(f"/{SERVICE}/{{method}}", summary="Connect RPC (command_session.CommandSession)")
+    @router.post(
+        f"/{SERVICE}/{{method}}",
+        summary="Connect RPC (command_session.CommandSession)",
+        responses={
+            400: {"description": "Unary call: invalid_argument / failed_precondition (Connect error JSON)"},
+            404: {"description": "Unary call: not_found (no such session)"},
+            429: {"description": "Unary call: resource_exhausted"},
+            501: {"description": "Unary call: unimplemented method"},
+            503: {"description": "Unary call: unavailable (sandbox not running yet)"},
+            504: {"description": "Unary call: deadline_exceeded"},
+        },
+    )
     async def rpc(user_ns: str, job_id: str, method: str, request: Request) -> Response:
         stream = method in ("Start", "Connect")
         try:
@@ -185,7 +205,12 @@ def build_router(service: Service) -> APIRouter:
 
     # ---- files -------------------------------------------------------------------------
 
-    @router.post("/upload", response_model=UploadOut, summary="Upload a file (multipart field `file`)")
+    @router.post(
+        "/upload",
+        response_model=UploadOut,
+        summary="Upload a file (multipart field `file`)",
+        responses={400: {"description": "The file could not be written"}},
+    )
     async def upload(
         user_ns: str,
         job_id: str,
@@ -231,7 +256,11 @@ def build_router(service: Service) -> APIRouter:
         finally:
             rec.active_ops -= 1
 
-    @router.get("/download", summary="Download a file (raw bytes)")
+    @router.get(
+        "/download",
+        summary="Download a file (raw bytes)",
+        responses={400: {"description": "Not readable (e.g. a directory)"}, 404: {"description": "No such file"}},
+    )
     async def download(
         user_ns: str,
         job_id: str,
@@ -244,7 +273,16 @@ def build_router(service: Service) -> APIRouter:
             return data
         return Response(data, media_type="application/octet-stream")
 
-    @router.get("/read-file", response_model=ReadFileOut, summary="Read a file as text, optionally a byte window")
+    @router.get(
+        "/read-file",
+        response_model=ReadFileOut,
+        summary="Read a file as text, optionally a byte window",
+        responses={
+            400: {"description": "Not readable (e.g. a directory)"},
+            404: {"description": "No such file"},
+            413: {"description": "Too large to read whole: give offset/length"},
+        },
+    )
     async def read_file(
         user_ns: str,
         job_id: str,

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-STATUSES = ("PENDING", "PROVISIONING", "RUNNING", "PAUSED", "ERROR", "TERMINATED", "TIMEOUT")
+Status = Literal["PENDING", "PROVISIONING", "RUNNING", "PAUSED", "ERROR", "TERMINATED", "TIMEOUT"]
+STATUSES: tuple[str, ...] = get_args(Status)
 ENDED = ("ERROR", "TERMINATED", "TIMEOUT")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -33,7 +34,7 @@ class CreateSandboxBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     name: str = Field(min_length=1, max_length=256)
-    docker_image: str | None = Field(None, min_length=1, max_length=512)
+    docker_image: str = Field(min_length=1, max_length=512, description="Image on the sandbox host's engine")
     checkpoint_id: str | None = None
     arch: Literal["amd64", "arm64"] | None = None
     start_command: StartCommand | None = None
@@ -80,12 +81,6 @@ class CreateSandboxBody(BaseModel):
             if "\x00" in val:
                 raise ValueError(f"value of {k!r} contains a NUL byte")
         return v
-
-    @model_validator(mode="after")
-    def _source(self) -> "CreateSandboxBody":
-        if self.checkpoint_id is None and self.docker_image is None:
-            raise ValueError("docker_image is required (checkpoints are not supported here)")
-        return self
 
 
 class GatewayAuth(BaseModel):
@@ -141,6 +136,8 @@ class SandboxListOut(BaseModel):
 
 
 class BulkDeleteBody(BaseModel):
+    """Give `sandbox_ids` or `labels` (sandboxes carrying all of them), or both."""
+
     model_config = ConfigDict(extra="ignore")
 
     sandbox_ids: list[str] | None = Field(None, max_length=1000)

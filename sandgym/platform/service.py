@@ -130,7 +130,7 @@ class Service:
         ttl = self.config.max_ttl_s if body.timeout_minutes == -1 else min(body.timeout_minutes * 60.0, self.config.max_ttl_s)
         try:
             return SandboxSpec(
-                image=body.docker_image or "",
+                image=body.docker_image,
                 cpu=body.cpu_cores,
                 memory_mb=max(16, int(round(body.memory_gb * 1024))),
                 disk_mb=max(1, int(math.ceil((body.disk_size_gb or 5.0) * 1024))),
