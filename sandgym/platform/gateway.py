@@ -122,8 +122,7 @@ def build_router(service: Service) -> APIRouter:
         try:
             codec = Codec.from_content_type(request.headers.get("content-type", ""), stream=stream)
         except ConnectFault as fault:
-            codec, stream_fault = Codec("proto"), fault
-            return _stream_error(codec, stream_fault) if stream else _unary_error(fault)
+            return _stream_error(Codec("proto"), fault) if stream else _unary_error(fault)
         try:
             deadline = parse_timeout_ms(request.headers.get("connect-timeout-ms"))
             body = await request.body()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hmac
 import logging
 import math
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -46,6 +47,12 @@ class InvalidRequest(Exception):
     def __init__(self, errors: list[dict[str, Any]]) -> None:
         super().__init__(errors)
         self.errors = errors
+
+
+def spec_error_field(exc: SpecError) -> str:
+    """The SandboxSpec field a provider's SpecError names (they start `field:` or `field=`)."""
+    m = re.match(r"^\s*(\w+)\s*[:=]", str(exc))
+    return m.group(1) if m else ""
 
 
 def _field_error(field_name: str, msg: str) -> dict[str, Any]:
@@ -160,12 +167,11 @@ class Service:
         try:
             self.manager.provider.check(spec)
         except SpecError as exc:
-            msg = str(exc)
+            msg, spec_field = str(exc), spec_error_field(exc)
             # An unknown image is what Prime reports as a failed sandbox (IMAGE_PULL_FAILED,
             # which the SDK raises as SandboxImagePullError); other spec errors are bad input.
-            if "image" not in msg.lower():
-                field_name = next((p for s, p in SPEC_TO_PRIME.items() if msg.startswith(s) or f"{s}=" in msg or f"{s} " in msg), "body")
-                raise InvalidRequest([_field_error(field_name, msg)]) from exc
+            if spec_field != "image":
+                raise InvalidRequest([_field_error(SPEC_TO_PRIME.get(spec_field, "body"), msg)]) from exc
             image_error = msg
         idle = body.idle_timeout_minutes * 60.0 if body.idle_timeout_minutes else self.config.idle_timeout_s
         rec = Record(id=rid, tenant=tenant, body=body, spec=spec, ttl_s=spec.ttl_s or self.config.max_ttl_s, idle_s=idle)
@@ -187,7 +193,7 @@ class Service:
             self.counters["create_errors"] += 1
             log.warning("sandbox %s failed to start: %r", rec.id, exc)
             if not rec.ended:
-                err = "IMAGE_PULL_FAILED" if isinstance(exc, SpecError) and "image" in str(exc).lower() else "PROVISIONING_FAILED"
+                err = "IMAGE_PULL_FAILED" if isinstance(exc, SpecError) and spec_error_field(exc) == "image" else "PROVISIONING_FAILED"
                 rec.set_status("ERROR", error_type=err, error_message=f"{type(exc).__name__}: {exc}")
             return
         if rec.ended:  # deleted (or reaped) while it was being made
