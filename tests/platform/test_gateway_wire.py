@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from prime_sandboxes import APIClient, CreateSandboxRequest, SandboxClient
+from prime_sandboxes import APIClient, APIError, CreateSandboxRequest, SandboxClient
 from prime_sandboxes._proto.command_session import command_session_pb2 as pb
 
 from sandgym.platform.testing import ServerThread, serve_in_thread
@@ -121,3 +121,10 @@ def test_expired_gateway_token_gets_401(isolated_home: str) -> None:
             assert c.execute_command(sb.id, "echo ok").stdout == "ok\n"
         finally:
             c.delete(sb.id)
+
+
+def test_exec_user(sandbox: tuple[SandboxClient, str]) -> None:
+    c, sid = sandbox
+    assert c.execute_command(sid, "id -un", user="sandbox").stdout == "sandbox\n"
+    with pytest.raises(APIError, match="invalid_argument"):
+        c.execute_command(sid, "id -u", user="root")

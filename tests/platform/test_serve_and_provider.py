@@ -119,3 +119,22 @@ def _settle(srv: object) -> bool:
         time.sleep(0.25)
     return False
 
+
+
+def test_idle_reaping(isolated_home: str) -> None:
+    with serve_in_thread(["tok"], backend(), idle_timeout_s=2.0, reap_interval_s=0.5) as srv:
+        api = APIClient(api_key="tok")
+        api.base_url = srv.url
+        c = SandboxClient(api)
+        sb = c.create(CreateSandboxRequest(name="idle", docker_image=IMAGE, memory_gb=0.5))
+        c.wait_for_creation(sb.id)
+        # A command longer than the idle timeout is activity, not idleness.
+        assert c.execute_command(sb.id, "sleep 3; echo busy", timeout=30).stdout == "busy\n"
+        assert c.get(sb.id).status == "RUNNING"
+        deadline = time.monotonic() + 30
+        got = c.get(sb.id)
+        while got.status == "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.5)
+            got = c.get(sb.id)
+        assert got.status == "TERMINATED" and got.termination_reason == "idle timeout", got
+        assert _settle(srv), "the reaped sandbox was not destroyed"
