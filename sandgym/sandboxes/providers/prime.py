@@ -54,6 +54,17 @@ def _labels_from_prime(labels: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def _script(cmd: Command) -> str:
+    """The bash script for a command (the gateway runs `/bin/bash -c SCRIPT`): a string as
+    is, an argv quoted and exec'd (no second shell), `bash -c S` as S itself."""
+    if isinstance(cmd, str):
+        return cmd
+    argv = shell_argv(cmd)
+    if len(argv) == 3 and argv[0] in ("/bin/bash", "bash") and argv[1] == "-c":
+        return argv[2]
+    return "exec " + shlex.join(argv)
+
+
 def _is_not_found(exc: BaseException) -> bool:
     return "HTTP 404" in str(exc) or "not found" in str(exc).lower()
 
@@ -104,7 +115,7 @@ class PrimeSandbox(Sandbox):
     ) -> ExecResult:
         self._live()
         timeout = self.spec.exec_timeout_s if timeout is None else timeout
-        script = shlex.join(shell_argv(cmd)) if not isinstance(cmd, str) else cmd
+        script = _script(cmd)
         stdin_path = None
         if stdin is not None:
             # The command RPC has no stdin for plain commands: stage it as a file.
