@@ -70,6 +70,11 @@ class EnvConfig(_Strict):
     name: str = ""
     args: dict[str, Any] = Field(default_factory=dict)
     use_env_advantages: bool = False  # else recompute from rewards with [loss] options
+    provider: str = "docker"  # sandbox provider for sandgym environments (docker, local, prime)
+    max_sandboxes: int = Field(8, gt=0)
+    # A rollout whose turn i prompt does not extend turn i-1's tokens (chat template
+    # re-rendering): stop the run ("error") or drop that rollout and count it ("skip").
+    on_prefix_mismatch: Literal["error", "skip"] = "error"
 
 
 class RolloutConfig(_Strict):

@@ -80,8 +80,11 @@ class ToyEnv:
         return state
 
     async def generate_groups(
-        self, client: Any, model: str, start: int, count: int, group_size: int, sampling: dict[str, Any], max_concurrent: int
+        self, base_url: str, model: str, start: int, count: int, group_size: int, sampling: dict[str, Any], max_concurrent: int
     ) -> list[list[State]]:
+        from openai import AsyncOpenAI
+
+        client = AsyncOpenAI(base_url=base_url, api_key="sandgym", max_retries=2, timeout=600)
         groups: list[list[State | None]] = [[None] * group_size for _ in range(count)]
         limiter = anyio.CapacityLimiter(max_concurrent)
 
@@ -89,8 +92,11 @@ class ToyEnv:
             async with limiter:
                 groups[g][r] = await self.rollout(client, model, start + g, r, sampling)
 
-        async with anyio.create_task_group() as tg:
-            for g in range(count):
-                for r in range(group_size):
-                    tg.start_soon(one, g, r)
+        try:
+            async with anyio.create_task_group() as tg:
+                for g in range(count):
+                    for r in range(group_size):
+                        tg.start_soon(one, g, r)
+        finally:
+            await client.close()
         return [[s for s in grp if s is not None] for grp in groups]

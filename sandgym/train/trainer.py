@@ -22,7 +22,7 @@ import anyio
 import torch
 
 from sandgym.core.state import State
-from sandgym.train.batch import states_to_sequences
+from sandgym.train.batch import PrefixMismatchError, Sequence, states_to_sequences
 from sandgym.train.config import TrainConfig
 from sandgym.train.loss import group_advantages
 from sandgym.train.policy import PolicyTrainer, autocast_dtype, resolve_device
@@ -81,7 +81,7 @@ def make_env(cfg: TrainConfig) -> Any:
         return ToyEnv(cfg.env.toy, seed=cfg.optim.seed)
     from sandgym.train.envs import SandgymEnvSource
 
-    return SandgymEnvSource(cfg.env.name, cfg.env.args)
+    return SandgymEnvSource(cfg.env.name, cfg.env.args, provider=cfg.env.provider, max_sandboxes=cfg.env.max_sandboxes)
 
 
 class Trainer:
@@ -169,15 +169,9 @@ class Trainer:
         t0 = time.perf_counter()
 
         async def go() -> list[list[State]]:
-            from openai import AsyncOpenAI
-
-            client = AsyncOpenAI(base_url=self.backend.base_url, api_key="sandgym", max_retries=2, timeout=600)
-            try:
-                return await self.env.generate_groups(
-                    client, self.backend.model_name, data_position, r.prompts_per_step, r.group_size, self._sampling(), r.max_concurrent
-                )
-            finally:
-                await client.close()
+            return await self.env.generate_groups(
+                self.backend.base_url, self.backend.model_name, data_position, r.prompts_per_step, r.group_size, self._sampling(), r.max_concurrent
+            )
 
         groups = anyio.run(go)
         return groups, time.perf_counter() - t0
@@ -190,6 +184,21 @@ class Trainer:
         adv = group_advantages(rewards, gids, self.cfg.loss.scale_advantages_by_std, self.cfg.loss.advantage_eps).tolist()
         for s, a in zip((s for g in groups for s in g), adv):
             s.advantage = float(a)
+
+    def sequences(self, states: list[State]) -> tuple[list[Sequence], int]:
+        """Trainable sequences; with on_prefix_mismatch = "skip", rollouts whose turns do not
+        extend each other are dropped (counted) instead of stopping the run."""
+        if self.cfg.env.on_prefix_mismatch == "error":
+            return states_to_sequences(states), 0
+        out: list[Sequence] = []
+        skipped = 0
+        for st in states:
+            try:
+                out.extend(states_to_sequences([st]))
+            except PrefixMismatchError as exc:
+                skipped += 1
+                log.warning("skipping rollout: %s", exc)
+        return out, skipped
 
     # ---- loop ----------------------------------------------------------------------------
 
@@ -227,7 +236,7 @@ class Trainer:
                     pending = pool.submit(self.generate, self.data_position)
                 self.assign_advantages(groups)
                 states = [s for g in groups for s in g]
-                seqs = states_to_sequences(states)
+                seqs, skipped = self.sequences(states)
                 rewards = [s.reward for s in states if s.error is None]
                 m: dict[str, float] = {
                     "step": float(self.step + 1),
@@ -241,8 +250,11 @@ class Trainer:
                     if states
                     else 0.0,
                     "generate_s": gen_s,
+                    "prefix_mismatch_skipped": float(skipped),
                     "staleness": staleness,
                 }
+                if pool is None:
+                    self.backend.sleep()  # vLLM frees its GPU memory for training; hf: no-op
                 if seqs:
                     m.update(self.policy.step(seqs))
                 else:

@@ -439,6 +439,21 @@ class HFBackend:
         self._thread: threading.Thread | None = None
         self._app: Any = None
 
+    @classmethod
+    def for_engine(cls, engine: Any, model_name: str, host: str = "127.0.0.1", port: int = 0) -> "HFBackend":
+        """The HTTP front for another engine with HFEngine's interface (generate, tokenizer,
+        max_batch_size, lock), e.g. the vLLM engine."""
+        if not host.startswith("127."):
+            raise ValueError("the backend server only listens on loopback (127.0.0.0/8)")
+        b = cls.__new__(cls)
+        b.model_name = model_name
+        b.share_weights = True
+        b.engine = engine
+        b.host, b.port = host, port
+        b.weights_version = 0
+        b._server = b._thread = b._app = None
+        return b
+
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
