@@ -72,6 +72,7 @@ class ServerConfig:
     max_exec_timeout_s: float = 24 * 3600.0
     retain_ended_s: float = 3600.0
     reap_interval_s: float = 2.0
+    status_wait_s: float = 1.0  # batch status long-polls PENDING sandboxes this long
     public_url: str | None = None  # base URL clients reach the gateway at; default: request's
     provider_options: dict[str, Any] = field(default_factory=dict)
 
