@@ -59,7 +59,10 @@ class PolicyTrainer:
             use_varlen(ref_model)
         log.info("attention kernel: %s (device %s)", self.kernel, device)
         if model_cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x name
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.amp_dtype = autocast_dtype(model_cfg, device)
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],

@@ -84,7 +84,9 @@ def test_overlap_kl_tis_iterations_checkpointing(tmp_path: Path) -> None:
         model={"gradient_checkpointing": True},
         output={"plot": False},
     )
-    hist = Trainer(cfg).run()
+    tr = Trainer(cfg)
+    assert tr.model.is_gradient_checkpointing
+    hist = tr.run()
     assert [m["staleness"] for m in hist] == [0.0, 1.0, 1.0]
     assert all("kl" in m and m["kl"] >= 0 for m in hist)
     assert hist[-1]["kl"] > 0  # the policy moved away from the reference
