@@ -521,7 +521,15 @@ class LocalSandbox(Sandbox):
 
     def _init_alive(self) -> bool:
         pid = self.meta.init_pid
-        return pid is not None and process_start_time(pid) == self.meta.init_start
+        if pid is None or process_start_time(pid) != self.meta.init_start:
+            return False
+        # A holder killed from inside (kill -9 -1) lingers as a zombie until its parent
+        # reaps it: its /proc entry stays, its namespaces are gone.
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                return f.read().rsplit(b")", 1)[-1].split()[:1] != [b"Z"]
+        except OSError:
+            return False
 
     def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
         user = "root" if self.spec.user in ("root", "0") else "sandbox"

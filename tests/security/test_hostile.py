@@ -1,0 +1,205 @@
+"""Every hostile program of the corpus through every provider that claims isolation.
+
+For each (provider, program): run it in a fresh sandbox with small limits, assert its
+contained outcome, close the sandbox, then assert that the host is unaffected (its marker
+process alive, its loopback listeners unreached and still serving, its secret file intact),
+that the sandbox is gone (from the provider's list, and for docker-backed ones from the
+engine) with no process of it left on the host, and that the next sandbox starts clean.
+
+Providers: docker (the engine), local (only where bubblewrap works: plain mode claims no
+isolation), prime (our `sandgym serve` on 127.0.0.1 in front of docker).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+from sandgym.sandboxes import Provider, SandboxSpec, get_provider
+from sandgym.sandboxes.errors import SandboxError, SandboxGoneError
+from sandgym.sandboxes.ownership import owner_labels
+from tests.conftest import docker_ready, require_docker
+
+from .conftest import HostWitness, host_pids_with
+from .corpus import CORPUS, DISK_MB, ESCAPED, MEMORY_MB, OUTPUT_LIMIT, PIDS, Hostile
+
+pytestmark = [pytest.mark.anyio, pytest.mark.docker]
+
+SPEC = SandboxSpec(
+    memory_mb=MEMORY_MB, disk_mb=DISK_MB, pids=PIDS, cpu=1.0, exec_timeout_s=30, output_limit_bytes=OUTPUT_LIMIT
+)
+PROVIDERS = ("docker", "local", "prime")
+
+
+@pytest.fixture(scope="module")
+def prime_server() -> Iterator[Any]:
+    if docker_ready():
+        pytest.skip(f"prime here runs in front of docker: {docker_ready()}")
+    from sandgym.platform.testing import serve_in_thread
+
+    token = "sec-" + secrets.token_hex(8)
+    with serve_in_thread([token], "docker", max_sandboxes=4, quota=4) as srv:
+        srv.token = token  # type: ignore[attr-defined]
+        yield srv
+
+
+@pytest.fixture(params=PROVIDERS)
+async def iso_provider(request: pytest.FixtureRequest) -> AsyncIterator[Provider]:
+    name = request.param
+    if name == "docker":
+        require_docker()
+        p: Provider = get_provider("docker")
+    elif name == "local":
+        from sandgym.sandboxes.providers.local import LocalProvider
+
+        lp = LocalProvider()
+        if lp.capabilities.bwrap is None:
+            pytest.skip(f"local provider has no bubblewrap here ({lp.capabilities.bwrap_error}): it claims no isolation")
+        p = lp
+    else:
+        from sandgym.sandboxes.providers.prime import PrimeProvider
+
+        srv = request.getfixturevalue("prime_server")
+        state = tempfile.mkdtemp(prefix="sandgym-sec-prime-")
+        p = PrimeProvider(endpoints=[srv.url], api_key=srv.token, state_dir=state)
+    try:
+        yield p
+    finally:
+        await p.aclose()
+
+
+def _engine_ids(label: str) -> list[str]:
+    import docker
+
+    client = docker.from_env()
+    try:
+        return [c.id for c in client.containers.list(all=True, filters={"label": label})]
+    finally:
+        client.close()
+
+
+async def _eventually(pred: Any, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        ok = await pred() if callable(pred) else pred
+        if ok:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await anyio.sleep(0.2)
+
+
+async def _gone(provider: Provider, sandbox_id: str, labels: dict[str, str]) -> bool:
+    if any(i.id == sandbox_id for i in await provider.list(labels)):
+        return False
+    if provider.name == "docker":
+        return not await anyio.to_thread.run_sync(_engine_ids, f"sandgym.owner={labels['sandgym.owner']}")
+    if provider.name == "prime":  # the platform's container behind it
+        return not await anyio.to_thread.run_sync(_engine_ids, f"platform.id={sandbox_id}")
+    return True
+
+
+def _check_outcome(prog: Hostile, provider: str, res: Any, values: dict[str, str]) -> None:
+    out = res.stdout + "\n" + res.stderr
+    for f in prog.forbidden:
+        f = f.replace("{SECRET}", values["SECRET"])
+        assert f not in out, f"{provider}/{prog.name}: {f!r} in output:\n{out[-3000:]}"
+    for r in prog.required:
+        assert r in res.stdout, f"{provider}/{prog.name}: {r!r} missing from stdout:\n{out[-3000:]}"
+    if prog.outcome == "timed_out":
+        assert res.timed_out and res.exit_code == 124, (res, out[-2000:])
+    elif prog.outcome == "oom_or_failed":
+        assert res.exit_code != 0 and not res.timed_out, (res, out[-2000:])
+        if provider in ("docker", "prime"):  # the memory cgroup's verdict is reported
+            assert res.oom_killed and res.exit_code == 137, res
+    elif prog.outcome == "truncated":
+        assert res.truncated, res
+        assert len(res.stdout_bytes) <= OUTPUT_LIMIT and len(res.stderr_bytes) <= OUTPUT_LIMIT, res
+    elif prog.outcome == "ok":
+        assert res.exit_code == 0, (res, out[-2000:])
+
+
+@pytest.mark.parametrize("prog", [pytest.param(p, id=p.name) for p in CORPUS])
+async def test_hostile_program_is_contained(
+    iso_provider: Provider, prog: Hostile, host_witness: HostWitness, request: pytest.FixtureRequest
+) -> None:
+    name = iso_provider.name
+    if name not in prog.providers:
+        pytest.skip(f"{prog.name} is not run on {name}")
+    if name in prog.known_gaps:
+        request.applymarker(pytest.mark.xfail(reason=prog.known_gaps[name], strict=True))
+    sbx = "sbx" + secrets.token_hex(6)
+    values = {
+        "SBX": sbx,
+        "SBX_SHORT": sbx[-6:],
+        "HOSTMARK_A": host_witness.marker[:10],
+        "HOSTMARK_B": host_witness.marker[10:],
+        "SECRET_PATH": str(host_witness.secret_path),
+        "SECRET": host_witness.secret,
+        "TCP_PORT": str(host_witness.tcp_port),
+        "UDP_PORT": str(host_witness.udp_port),
+    }
+    assert not SPEC.network  # the corpus's one non-loopback connect() relies on this
+    labels = owner_labels("sec-" + sbx)
+    sb = await iso_provider.create(SPEC, labels)
+    try:
+        # A trace the next sandbox must not see.
+        seed = await sb.exec(f"echo {sbx} > {SPEC.workdir}/.trace-{sbx} && echo {sbx} > /tmp/.trace-{sbx}")
+        assert seed.exit_code == 0, seed
+        script = prog.render(**values)
+        try:
+            res = await sb.exec(script, timeout=prog.timeout)
+        except SandboxGoneError:
+            assert prog.gone_ok, f"{name}/{prog.name}: the sandbox died"
+        else:
+            _check_outcome(prog, name, res, values)
+            if prog.gone_ok:  # still there or reported gone; never a hang or another error
+                try:
+                    after = await sb.exec("echo alive", timeout=10)
+                except SandboxGoneError:
+                    pass
+                else:  # a dead sandbox must say so (SandboxGoneError), not fail oddly
+                    assert after.exit_code == 0 and after.stdout.strip() == "alive", after
+            elif prog.name not in ("fork_bomb",):  # the box keeps working after the attack
+                again = await sb.exec("echo alive", timeout=30)
+                assert again.stdout.strip() == "alive", (name, prog.name, again)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await sb.close()
+
+    # The sandbox is gone, nothing of it runs on the host, the host is unaffected.
+    assert await _eventually(lambda: _gone(iso_provider, sb.id, labels)), f"{name}: {sb.id} still exists after close"
+
+    async def no_leftovers() -> bool:
+        return not host_pids_with(sbx)
+
+    assert await _eventually(no_leftovers), f"{name}/{prog.name}: processes left on the host: {host_pids_with(sbx)}"
+    host_witness.assert_unaffected()
+
+    # The next sandbox starts clean.
+    nxt = await iso_provider.create(SPEC, labels)
+    try:
+        res = await nxt.exec(f"ls -A {SPEC.workdir} /tmp; ps -eo args 2>/dev/null || ls /proc")
+        assert res.exit_code == 0, res
+        assert sbx not in res.stdout, f"{name}: the next sandbox sees the previous one's traces:\n{res.stdout}"
+    finally:
+        with anyio.CancelScope(shield=True):
+            await nxt.close()
+    assert await _eventually(lambda: _gone(iso_provider, nxt.id, labels))
+    assert ESCAPED  # the corpus's sentinel is what every forbidden check looks for
+
+
+def test_corpus_is_well_formed() -> None:
+    names = [p.name for p in CORPUS]
+    assert len(names) == len(set(names))
+    for p in CORPUS:
+        # Programs that leave processes must mark them, or the leftover check sees nothing.
+        assert not p.leaves_processes or "{SBX}" in p.script, p.name
+        assert p.forbidden or p.outcome != "any" or p.gone_ok or p.required, f"{p.name} asserts nothing"
