@@ -131,7 +131,7 @@ class TrainConfig(_Strict):
         cfg = cls.model_validate(data)
         base = p.resolve().parent
         if not Path(cfg.output.dir).is_absolute():
-            cfg.output.dir = str(base / cfg.output.dir)
+            cfg.output.dir = str((base / cfg.output.dir).resolve())
         mp = cfg.model.name_or_path
         if mp != "tiny" and (mp.startswith(".") or "/" not in mp) and (base / mp).exists():
             cfg.model.name_or_path = str(base / mp)
