@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
         host: Annotated[str, typer.Option(help="Address to bind; keep 127.0.0.1 unless a proxy fronts it.")] = "127.0.0.1",
-        port: Annotated[int, typer.Option(help="Port (0: pick a free one).")] = 8000,
+        port: Annotated[int, typer.Option(help="Port.")] = 8000,
         token: Annotated[Optional[list[str]], typer.Option("--token", help="API token (repeatable); each token is a tenant.")] = None,
         tokens_file: Annotated[Optional[Path], typer.Option("--tokens-file", help="File with one token per line (# comments).")] = None,
         max_sandboxes: Annotated[int, typer.Option("--max-sandboxes", help="Live sandboxes on this host, all tenants.")] = 8,
