@@ -417,7 +417,10 @@ def _supervise(
             if pipe is None or pipe.closed:
                 continue
             if finished and pipe in live:
-                DRAINER.adopt(pipe)  # still held by a background child
+                try:
+                    DRAINER.adopt(pipe)  # still held by a background child
+                except RuntimeError:  # no thread for the drainer (pids limit): let it go
+                    pipe.close()
             else:
                 try:
                     pipe.close()
@@ -742,6 +745,17 @@ def _unlink_if_ours(path: str, ident: Tuple[int, int]) -> None:
         pass
 
 
+def _not_dumpable() -> None:
+    """PR_SET_DUMPABLE 0: commands run under the agent's uid, and this keeps them from
+    ptrace-attaching to it or writing its /proc/PID/mem (the agent reports their results)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except Exception:
+        pass
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description="sandgym in-sandbox exec agent")
     ap.add_argument("--socket", required=True, help="unix socket path to listen on")
@@ -771,6 +785,7 @@ def main(argv: Optional[List[str]] = None) -> None:
 
         threading.Thread(target=reaper, name="reaper", daemon=True).start()
 
+    _not_dumpable()
     sock, ident = _listen(args.socket)
     try:
         while True:
@@ -784,7 +799,10 @@ def main(argv: Optional[List[str]] = None) -> None:
             except socket.timeout:
                 continue
             conn.setblocking(True)
-            threading.Thread(target=serve_connection, args=(conn, started, ttl), daemon=True).start()
+            try:
+                threading.Thread(target=serve_connection, args=(conn, started, ttl), daemon=True).start()
+            except RuntimeError:  # no thread to be had (the pids limit is full): refuse this one
+                conn.close()
     except _Stop:
         pass
     finally:

@@ -4,19 +4,30 @@ Every container is created for untrusted code: no network, all capabilities drop
 no-new-privileges, a non-root user, pids/memory/CPU limits with no swap beyond memory, a
 read-only root, and size-limited tmpfs mounts for the workdir and /tmp (overlay2 on extfs
 cannot limit a container's writable layer, so tmpfs is how disk is bounded; its pages count
-against the memory limit too). The main process is `sleep <ttl_s>` under the engine's init,
-and the container is auto-removed when it ends, so a driver that dies leaks nothing past the
-TTL. Commands and files go through a `Transport` (docker_transport.py); today that is
-`DockerExecTransport`, later the in-sandbox agent.
+against the memory limit too). HOME is /tmp unless the spec sets it (the image's home is on
+the read-only root).
+
+Commands and files go through a `Transport` (docker_transport.py). When the image has
+python3, the container's main process is the in-sandbox exec agent (agent/server.py, mounted
+read-only from this package) listening on a unix socket in a per-container host directory
+(docker_agent.py): a few ms per command instead of tens for `docker exec`. Images without
+python3 (the agent's start fails with "executable file not found") are remembered per image
+id and get `sleep <ttl_s>` as main process and `DockerExecTransport`. Either way the main
+process runs under the engine's init and the container is auto-removed when it ends, so a
+driver that dies leaks nothing past the TTL.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import re
 import shutil
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -25,12 +36,16 @@ import docker.errors
 from anyio import to_thread
 from docker.types import DeviceRequest
 
-from ..base import Command, Sandbox, as_bytes, shell_argv
-from ..errors import SandboxCreateError, SandboxGoneError, SpecError
+from ..agent import BatchJob, agent_command, agent_volumes
+from ..base import Command, ExecJob, Sandbox, as_bytes, shell_argv
+from ..errors import SandboxCreateError, SandboxError, SandboxGoneError, SpecError
 from ..result import ExecResult, SandboxInfo
 from ..spec import LABEL_OWNER, SandboxSpec
+from .docker_agent import DockerAgentTransport, SocketDirs
 from .docker_exec import KILLED_EXIT, DockerExecTransport
 from .docker_transport import Transport
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -49,6 +64,13 @@ _HOST_OOM_FILES = (
     "/sys/fs/cgroup/system.slice/docker-{id}.scope/memory.events",
 )
 _OOM_KILL = re.compile(rb"^oom_kill (\d+)$", re.M)
+LABEL_TRANSPORT = "sandgym.transport"
+LABEL_SOCKET_DIR = "sandgym.socket_dir"
+AGENT_READY_TIMEOUT_S = 60.0
+
+
+class _NoAgent(Exception):
+    """The image cannot run the agent (no python3): use docker exec for it."""
 
 
 class DockerSandbox(Sandbox):
@@ -96,11 +118,58 @@ class DockerSandbox(Sandbox):
             cwd=self.resolve(cwd) if cwd else None,
             stdin=as_bytes(stdin) if stdin is not None else None,
         )
+        return await self._attribute_oom(res)
+
+    async def _attribute_oom(self, res: ExecResult) -> ExecResult:
         # A SIGKILL exit is either us, someone's kill -9, or the memory cgroup's OOM killer;
         # only the cgroup's counter tells them apart, so look only then (no cost otherwise).
-        if res.exit_code == KILLED_EXIT and not res.timed_out and await self._new_oom_kill():
-            res = res.model_copy(update={"oom_killed": True})
+        # (The agent reports its own per-command verdict; the counter keeps ours in step.)
+        if res.exit_code == KILLED_EXIT and not res.timed_out:
+            fresh = await self._new_oom_kill()
+            if fresh and not res.oom_killed:
+                res = res.model_copy(update={"oom_killed": True})
         return res
+
+    async def exec_many(
+        self, jobs: Sequence[ExecJob], *, parallel: int | None = None
+    ) -> list[ExecResult]:
+        """With the agent: all jobs in one round trip, run inside the sandbox on up to
+        `parallel` (default: its CPU quota) at once. Otherwise concurrent execs."""
+        self._live()
+        if not isinstance(self.transport, DockerAgentTransport):
+            return await super().exec_many(jobs, parallel=parallel)
+        limit = self.spec.output_limit_bytes
+        batch = [
+            BatchJob(
+                argv=shell_argv(j.cmd),
+                timeout=j.timeout if j.timeout is not None else self.spec.exec_timeout_s,
+                stdin=as_bytes(j.stdin) if j.stdin is not None else None,
+                env=j.env,
+                cwd=self.resolve(j.cwd) if j.cwd else None,
+                output_limit=limit,
+            )
+            for j in jobs
+        ]
+        if not batch:
+            return []
+        results = await self.transport.batch_exec(batch, parallel=parallel)
+        if any(r.exit_code == KILLED_EXIT and not r.timed_out for r in results):
+            await self._new_oom_kill()  # per-job verdicts are the agent's; keep the counter current
+        return results
+
+    async def reset(self) -> bool:
+        """Agent sandboxes only: kill every process but init and the agent, empty the
+        workdir, /tmp and /dev/shm. False when it could not (then destroy, do not reuse)."""
+        if self._closed or not isinstance(self.transport, DockerAgentTransport):
+            return False
+        try:
+            res = await self.transport.reset(self.spec.workdir)
+        except SandboxError as exc:
+            log.warning("reset of %s failed: %r", self.id[:12], exc)
+            return False
+        if not res.ok:
+            log.warning("reset of %s failed (%s): %s", self.id[:12], res.exit_code, res.stderr.strip())
+        return res.ok
 
     def _host_oom_counters(self) -> bytes:
         for template in _HOST_OOM_FILES:
@@ -165,7 +234,18 @@ class DockerProvider:
         *,
         max_concurrency: int = 64,
         timeout_s: float = 120.0,
+        agent: bool = True,
+        socket_root: str | os.PathLike[str] | None = None,
     ) -> None:
+        """`agent=False` always uses `docker exec` (main process `sleep`); `socket_root` is
+        where per-container agent socket directories go (default /run/sandgym-sockets as
+        root, else a folder in the temp dir)."""
+        self.use_agent = agent
+        self.sockets = SocketDirs(socket_root)
+        # image id -> False once the image turned out unable to run the agent
+        self._agent_images: dict[str, bool] = {}
+        self._image_ids: dict[str, str] = {}
+        self._socket_dirs: dict[str, Path] = {}  # container id -> its agent socket dir
         self._client = client
         self._client_lock = threading.Lock()
         self._max_concurrency = max_concurrency
@@ -207,7 +287,7 @@ class DockerProvider:
 
     def check(self, spec: SandboxSpec) -> None:
         try:
-            self.api.inspect_image(spec.image)
+            self._image_ids[spec.image] = self.api.inspect_image(spec.image)["Id"]
         except docker.errors.ImageNotFound:
             raise SpecError(
                 f"image: {spec.image!r} not found locally; run `sandgym images build` "
@@ -257,18 +337,29 @@ class DockerProvider:
             ) from None
         return "bridge"
 
-    def container_config(
-        self, spec: SandboxSpec, labels: Mapping[str, str]
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(create_container kwargs, host_config kwargs) for `spec`: the hardened defaults."""
-        all_labels = {**spec.labels, **{k: str(v) for k, v in labels.items()}}
-        all_labels.setdefault(LABEL_OWNER, DEFAULT_OWNER)
-        ttl = "infinity" if spec.ttl_s is None else str(math.ceil(spec.ttl_s))
-        size = f"{spec.disk_mb}m"
+    @staticmethod
+    def _owner_ids(spec: SandboxSpec) -> tuple[int, int]:
         # The workdir belongs to whoever runs in the box: a numeric spec.user gets it, a
         # user name (not resolvable without the image's passwd) gets the sandbox uid.
         ids = re.fullmatch(r"(\d+)(?::(\d+))?", spec.user or "")
-        uid, gid = (ids[1], ids[2] or ids[1]) if ids else (SANDBOX_UID, SANDBOX_UID)
+        return (int(ids[1]), int(ids[2] or ids[1])) if ids else (SANDBOX_UID, SANDBOX_UID)
+
+    def container_config(
+        self,
+        spec: SandboxSpec,
+        labels: Mapping[str, str],
+        socket_dir: str | os.PathLike[str] | None = None,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(create_container kwargs, host_config kwargs) for `spec`: the hardened defaults.
+        With `socket_dir` the main process is the agent, its socket in that host folder."""
+        all_labels = {**spec.labels, **{k: str(v) for k, v in labels.items()}}
+        all_labels.setdefault(LABEL_OWNER, DEFAULT_OWNER)
+        all_labels[LABEL_TRANSPORT] = "agent" if socket_dir else "docker-exec"
+        if socket_dir:
+            all_labels[LABEL_SOCKET_DIR] = str(socket_dir)
+        ttl = "infinity" if spec.ttl_s is None else str(math.ceil(spec.ttl_s))
+        size = f"{spec.disk_mb}m"
+        uid, gid = self._owner_ids(spec)
         host: dict[str, Any] = dict(
             auto_remove=True,
             network_mode=self._network_mode(spec),
@@ -288,46 +379,154 @@ class DockerProvider:
         )
         if spec.gpus:
             host["device_requests"] = [DeviceRequest(count=spec.gpus, capabilities=[["gpu"]])]
+        if socket_dir:
+            host["binds"] = agent_volumes(socket_dir)  # socket dir rw, agent code ro
+            # The agent ends itself after ttl_s, then the container removes itself.
+            main = agent_command(spec.ttl_s)
+        else:
+            main = ["sleep", ttl]  # lives ttl_s, then the container removes itself
         create: dict[str, Any] = dict(
             image=spec.image,
-            entrypoint=["sleep"],  # lives ttl_s, then the container removes itself
-            command=[ttl],
+            entrypoint=main[:1],
+            command=main[1:],
             user=spec.user or DEFAULT_USER,
-            environment=dict(spec.env),
+            # The image's home is on the read-only root: git config, pip caches need a HOME.
+            environment={"HOME": "/tmp", **spec.env},
             working_dir=spec.workdir,
             labels=all_labels,
             detach=True,
         )
         return create, host
 
-    def _create_blocking(self, spec: SandboxSpec, labels: Mapping[str, str]) -> str:
+    def wants_agent(self, spec: SandboxSpec) -> bool:
+        """Whether a new sandbox of `spec` gets the agent (not known to lack python3)."""
+        image_id = self._image_ids.get(spec.image, spec.image)
+        return self.use_agent and self._agent_images.get(image_id, True)
+
+    def _create_blocking(self, spec: SandboxSpec, labels: Mapping[str, str], agent: bool) -> str:
         self.check(spec)
-        create, host = self.container_config(spec, labels)
+        if not (agent and self.wants_agent(spec)):
+            return self._create_start(spec, labels, None)
+        name = self.sockets.new_name()
+        sock_dir = self.sockets.make(name, *self._owner_ids(spec))
+        try:
+            cid = self._create_start(spec, labels, sock_dir, name)
+        except _NoAgent as e:
+            self.sockets.discard(sock_dir)
+            image_id = self._image_ids.get(spec.image, spec.image)
+            log.info("image %s cannot run the agent (%s); using docker exec for it", spec.image, e)
+            self._agent_images[image_id] = False
+            return self._create_start(spec, labels, None)
+        except BaseException:
+            self.sockets.discard(sock_dir)
+            raise
+        self._socket_dirs[cid] = sock_dir
+        return cid
+
+    def _create_start(
+        self,
+        spec: SandboxSpec,
+        labels: Mapping[str, str],
+        sock_dir: Path | None,
+        name: str | None = None,
+    ) -> str:
+        create, host = self.container_config(spec, labels, sock_dir)
         try:
             cid = self.api.create_container(
-                host_config=self.api.create_host_config(**host), **create
+                host_config=self.api.create_host_config(**host), name=name, **create
             )["Id"]
         except docker.errors.APIError as e:
             raise SandboxCreateError(f"docker create failed: {e.explanation or e}") from e
         try:
             self.api.start(cid)
         except docker.errors.APIError as e:
-            self._remove_blocking(cid)  # never started, so auto_remove will not fire
-            raise SandboxCreateError(f"docker start failed: {e.explanation or e}") from e
+            self._remove_container(cid)  # never started, so auto_remove will not fire
+            text = str(e.explanation or e)
+            if sock_dir is not None and (
+                "executable file not found" in text or "no such file or directory" in text
+            ):
+                raise _NoAgent(text) from e
+            raise SandboxCreateError(f"docker start failed: {text}") from e
         return cid
 
     def make_transport(self, container_id: str, spec: SandboxSpec) -> Transport:
-        """The one place that picks how bytes reach a container (the agent plugs in here,
-        keeping docker exec as its fallback)."""
-        return DockerExecTransport(self.api, container_id, limiter=self._limiter)
+        """The one place that picks how bytes reach a container: the agent's socket when
+        the container runs it, else docker exec."""
+        sock_dir = self._socket_dirs.get(container_id)
+        if sock_dir is None:
+            return DockerExecTransport(self.api, container_id, limiter=self._limiter)
+
+        async def running() -> bool:
+            return await self._run(self._is_running, container_id)
+
+        return DockerAgentTransport(sock_dir / "agent.sock", container_running=running)
+
+    def _is_running(self, container_id: str) -> bool:
+        try:
+            return bool(self.api.inspect_container(container_id)["State"]["Running"])
+        except docker.errors.NotFound:
+            return False
+
+    async def _agent_ready(self, cid: str, transport: DockerAgentTransport) -> bool:
+        """Wait for the agent's first answer; False when the container ended first."""
+        sock = Path(transport.client.socket_path)
+        deadline = time.monotonic() + AGENT_READY_TIMEOUT_S
+        next_check = time.monotonic() + 0.5
+        interval = 0.002
+        while time.monotonic() < deadline:
+            if sock.exists():  # appears only once the agent accepts
+                await transport.wait_ready(timeout=max(1.0, deadline - time.monotonic()))
+                return True
+            if time.monotonic() >= next_check:
+                if not await self._run(self._is_running, cid):
+                    return False
+                next_check = time.monotonic() + 0.5
+            await anyio.sleep(interval)
+            interval = min(interval * 1.5, 0.05)
+        raise SandboxCreateError(f"agent in {cid[:12]} not ready after {AGENT_READY_TIMEOUT_S}s")
+
+    async def _note_agent_failure(self, spec: SandboxSpec, transport: Transport) -> None:
+        """The agent's container ended at start (auto-removed, exit code lost). Ask the
+        fallback sandbox whether the image has python3: if not, remember that for the image
+        so later sandboxes go straight to docker exec; otherwise it was this sandbox's
+        trouble (e.g. too little memory for the agent)."""
+        probe = await transport.exec(
+            ["sh", "-c", "command -v python3"], timeout=10, limit=4096, env=None, cwd="/", stdin=None
+        )
+        if probe.exit_code != 0:
+            image_id = self._image_ids.get(spec.image, spec.image)
+            self._agent_images[image_id] = False
+            log.info("image %s has no python3; its sandboxes use docker exec", spec.image)
+        else:
+            log.warning("agent for image %s ended at start; this sandbox uses docker exec", spec.image)
 
     async def create(self, spec: SandboxSpec, labels: Mapping[str, str]) -> DockerSandbox:
-        cid = await self._run(self._create_blocking, spec, labels)
-        return DockerSandbox(self, cid, spec, self.make_transport(cid, spec))
+        cid = await self._run(self._create_blocking, spec, labels, True)
+        transport = self.make_transport(cid, spec)
+        if isinstance(transport, DockerAgentTransport):
+            try:
+                ready = await self._agent_ready(cid, transport)
+                if ready:
+                    self.sockets.seal(self._socket_dirs[cid])
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await transport.aclose()
+                    await self.remove(cid)
+                raise
+            if not ready:  # the agent ended at once: no python3 (init's exec failed), ...
+                await transport.aclose()
+                await self.remove(cid)
+                cid = await self._run(self._create_blocking, spec, labels, False)
+                transport = self.make_transport(cid, spec)
+                await self._note_agent_failure(spec, transport)
+        return DockerSandbox(self, cid, spec, transport)
 
     def _list_blocking(self, labels: Mapping[str, str] | None) -> list[SandboxInfo]:
         wanted = [LABEL_OWNER, *(f"{k}={v}" for k, v in (labels or {}).items())]
         rows = self.api.containers(all=True, filters={"label": wanted})
+        if not labels:  # a full listing (what prune does): drop socket dirs of gone containers
+            names = {n.lstrip("/") for row in rows for n in (row.get("Names") or ())}
+            self.sockets.sweep(names)
         return [
             SandboxInfo(
                 id=row["Id"],
@@ -344,6 +543,20 @@ class DockerProvider:
         return await self._run(self._list_blocking, labels)
 
     def _remove_blocking(self, sandbox_id: str) -> None:
+        sock_dir = self._socket_dirs.pop(sandbox_id, None)
+        if sock_dir is None:  # not made by this provider object (e.g. prune): ask the engine
+            try:
+                found = self.api.inspect_container(sandbox_id)["Config"]["Labels"] or {}
+                sock_dir = Path(found[LABEL_SOCKET_DIR]) if LABEL_SOCKET_DIR in found else None
+            except docker.errors.APIError:
+                sock_dir = None
+        try:
+            self._remove_container(sandbox_id)
+        finally:
+            if sock_dir is not None:
+                self.sockets.discard(sock_dir)
+
+    def _remove_container(self, sandbox_id: str) -> None:
         try:
             self.api.remove_container(sandbox_id, force=True)
         except docker.errors.NotFound:

@@ -1,0 +1,269 @@
+"""The in-sandbox agent as the docker provider's transport, and the host socket directories.
+
+A container that runs the agent as its main process gets its own host directory, bind-mounted
+read-write at /run/sandgym, where the agent creates its socket. All such directories live under
+one root (`SocketDirs`), named after the container, so `remove(id)` and a full listing (what
+`prune` does) can delete those of containers that are gone. Once the agent answers, the
+directory is handed back to the host user (mode 0755): code in the sandbox runs under the
+agent's uid and must not be able to replace the socket with one of its own.
+
+`DockerAgentTransport` adds to the agent client what the docker provider promises beyond it:
+- a timeout (or a cancelled call) also kills processes that left the command's process group
+  (setsid, daemons), found by the `SANDGYM_EXEC_ID` token in their environment, as the
+  docker-exec transport does;
+- a refused connection while the container still runs (the pids limit is full, so the agent
+  cannot start a thread for it) is retried briefly and then reported as a failed command
+  (exit 126), not as a vanished sandbox;
+- `batch_exec` (many commands, one round trip) and `reset` (kill every process but init and
+  the agent, empty the workdir, /tmp and /dev/shm) for pooled reuse.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+
+import anyio
+
+from ..agent import AgentRequestError, AgentTransport, BatchJob
+from ..agent.client import AgentUnresponsiveError
+from ..errors import SandboxGoneError
+from ..result import ExecResult
+from .docker_exec import _SWEEP, EXEC_ID_ENV
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^sandgym-[0-9a-f]{16}$")
+# A directory younger than this may belong to a container another process is creating now.
+_SWEEP_MIN_AGE_S = 120.0
+_RETRIES = 6
+_REFUSED_EXIT = 126
+
+# Kill everything but PID 1 (init), the agent ($1) and this shell, a few passes in case some
+# fork meanwhile; then empty the writable places. Builtins only until the killing is done.
+_RESET = r"""keep=" 1 $1 $$ "
+pass=0
+while [ $pass -lt 8 ]; do
+  n=0
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    case "$keep" in *" $p "*) continue ;; esac
+    [ -r "$d/stat" ] || continue
+    read -r st < "$d/stat" 2>/dev/null || continue
+    case "${st##*) }" in Z*) continue ;; esac
+    kill -KILL "$p" 2>/dev/null && n=$((n+1))
+  done
+  [ $n -eq 0 ] && break
+  pass=$((pass+1))
+done
+shift
+chmod 0755 "$1" 2>/dev/null
+for d in "$@"; do
+  [ -d "$d" ] || continue
+  chmod -R u+rwX "$d"/. 2>/dev/null
+  find "$d" -mindepth 1 -delete 2>/dev/null
+  left=$(find "$d" -mindepth 1 -maxdepth 1 | head -n 3)
+  if [ -n "$left" ]; then echo "cannot empty $d: $left" >&2; exit 1; fi
+done
+exit 0"""
+
+
+def default_socket_root() -> Path:
+    if os.geteuid() == 0:
+        return Path("/run/sandgym-sockets")
+    return Path(tempfile.gettempdir()) / f"sandgym-sockets-{os.geteuid()}"
+
+
+class SocketDirs:
+    """Per-container socket directories under one root."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+        self.root = Path(root) if root is not None else default_socket_root()
+
+    @staticmethod
+    def new_name() -> str:
+        return f"sandgym-{uuid.uuid4().hex[:16]}"
+
+    def make(self, name: str, uid: int, gid: int) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o711)
+        d = self.root / name
+        d.mkdir(mode=0o700)
+        if os.geteuid() == 0:
+            os.chown(d, uid, gid)  # the agent makes its socket here
+        else:
+            d.chmod(0o777)  # cannot give it away: open it up until the agent is ready
+        return d
+
+    def seal(self, d: Path) -> None:
+        """After the agent bound its socket: the sandbox user may no longer change the dir."""
+        if os.geteuid() == 0:
+            os.chown(d, 0, 0)
+        d.chmod(0o755)
+
+    def owns(self, path: str | os.PathLike[str]) -> bool:
+        p = Path(path)
+        return p.parent == self.root and bool(_NAME.match(p.name))
+
+    def discard(self, path: str | os.PathLike[str]) -> None:
+        if self.owns(path):
+            shutil.rmtree(path, ignore_errors=True)
+
+    def sweep(self, live_names: set[str]) -> list[str]:
+        """Remove directories of containers that no longer exist (old enough not to be one
+        being created right now). Returns the names removed."""
+        removed: list[str] = []
+        try:
+            entries = list(os.scandir(self.root))
+        except OSError:
+            return removed
+        now = time.time()
+        for e in entries:
+            if not _NAME.match(e.name) or e.name in live_names:
+                continue
+            try:
+                if now - e.stat(follow_symlinks=False).st_mtime < _SWEEP_MIN_AGE_S:
+                    continue
+            except OSError:
+                continue
+            shutil.rmtree(e.path, ignore_errors=True)
+            removed.append(e.name)
+        return removed
+
+
+class DockerAgentTransport(AgentTransport):
+    """The agent client with the docker provider's kill and refusal semantics."""
+
+    name = "agent"
+
+    def __init__(
+        self,
+        socket_path: str | os.PathLike[str],
+        *,
+        container_running: Callable[[], Awaitable[bool]],
+        grace_s: float = 10.0,
+    ) -> None:
+        super().__init__(socket_path, grace_s=grace_s)
+        self._container_running = container_running
+        self.agent_pid: int | None = None
+
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        info = await self.client.wait_ready(timeout)
+        self.agent_pid = int(info["pid"])
+
+    async def _call(self, fn: Callable[[], Awaitable[ExecResult]]) -> ExecResult | None:
+        """Run `fn`; None when the agent kept refusing connections while the container ran."""
+        for attempt in range(_RETRIES):
+            try:
+                return await fn()
+            except AgentUnresponsiveError:
+                raise
+            except SandboxGoneError:
+                if not await self._container_running():
+                    raise
+                log.debug("agent refused a connection (attempt %d); container still runs", attempt)
+                await anyio.sleep(0.05 * 2**attempt)
+        return None
+
+    async def _sweep(self, tokens: Sequence[str]) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(15):
+            for token in tokens:
+                try:
+                    await self.client.exec(["sh", "-c", _SWEEP, token], timeout=10, output_limit=4096)
+                except Exception as exc:  # best effort, like the docker-exec sweep
+                    log.debug("kill sweep failed: %r", exc)
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        limit: int,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        token = uuid.uuid4().hex
+        full_env = {**(env or {}), EXEC_ID_ENV: token}
+        started = time.monotonic()
+
+        async def once() -> ExecResult:
+            return await self.client.exec(
+                list(argv), timeout=timeout, env=full_env, cwd=cwd, stdin=stdin, output_limit=limit
+            )
+
+        try:
+            res = await self._call(once)
+        except AgentRequestError as exc:
+            # The agent took the request but failed it (e.g. no thread to be had under a
+            # full pids limit); the command may have run, so no retry: report it as failed.
+            await self._sweep([token])
+            return _refused(time.monotonic() - started, limit, str(exc))
+        except BaseException:
+            await self._sweep([token])  # cancelled or broken: leave nothing of it running
+            raise
+        if res is None:
+            return _refused(time.monotonic() - started, limit)
+        if res.timed_out:
+            await self._sweep([token])
+        if (
+            cwd and res.exit_code == 127 and res.stderr_bytes.startswith(b"sandgym-agent: cannot run")
+            and f"'{cwd}'".encode() in res.stderr_bytes
+        ):
+            # A missing cwd, not a missing program: 126, as docker exec (and a shell) say it.
+            res = res.model_copy(update={"exit_code": 126})
+        return res
+
+    async def batch_exec(
+        self, jobs: Sequence[BatchJob], *, parallel: int | None = None
+    ) -> list[ExecResult]:
+        """Many commands in one round trip, each with its own timeout and result."""
+        tokens = [uuid.uuid4().hex for _ in jobs]
+        tagged = [
+            BatchJob(
+                argv=j.argv, timeout=j.timeout, stdin=j.stdin, cwd=j.cwd,
+                env={**(j.env or {}), EXEC_ID_ENV: t}, output_limit=j.output_limit,
+            )
+            for j, t in zip(jobs, tokens)
+        ]
+        try:
+            for attempt in range(_RETRIES):
+                try:
+                    results = await self.client.batch_exec(tagged, parallel=parallel)
+                    break
+                except AgentUnresponsiveError:
+                    raise
+                except SandboxGoneError:
+                    if attempt == _RETRIES - 1 or not await self._container_running():
+                        raise
+                    await anyio.sleep(0.05 * 2**attempt)
+        except BaseException:
+            await self._sweep(tokens)
+            raise
+        late = [t for t, r in zip(tokens, results) if r.timed_out]
+        if late:
+            await self._sweep(late)
+        return results
+
+    async def reset(self, workdir: str) -> ExecResult:
+        """Kill every process but init and the agent; empty `workdir`, /tmp and /dev/shm."""
+        if self.agent_pid is None:
+            await self.wait_ready(10)
+        return await self.client.exec(
+            ["sh", "-c", _RESET, "sh", str(self.agent_pid), workdir, "/tmp", "/dev/shm"],
+            timeout=60, output_limit=1 << 16,
+        )
+
+
+def _refused(duration: float, limit: int, why: str = "") -> ExecResult:
+    msg = "sandgym: the sandbox agent could not run the command (is the pids limit reached?)"
+    msg += f": {why}\n" if why else "\n"
+    return ExecResult(
+        exit_code=_REFUSED_EXIT, stderr_bytes=msg.encode(), duration_s=duration, output_limit=limit
+    )
