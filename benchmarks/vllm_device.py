@@ -27,6 +27,9 @@ from typing import Any, Callable, Iterator
 # (apply_model runs the callable in this process; no pickling of closures over CUDA tensors).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# flashinfer is not carried (scripts/device/vllm_bundle.py); vLLM's sampler probes it with an
+# unguarded import unless told not to use it (plain temperature sampling needs none of it).
+os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
 # Nothing outside the device can be reached: never let a library try.
 for _k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
     os.environ.setdefault(_k, "1")
@@ -181,6 +184,7 @@ def start_engine(model_dir: Path, a: argparse.Namespace) -> Any:
         gpu_memory_utilization=a.gpu_mem,
         max_model_len=a.prompt_len + a.max_tokens + 16,
         seed=0,
+        max_num_seqs=a.max_num_seqs,  # the whole GRPO batch in flight at once (default 256)
     )
     free0 = free_gib()
     t0 = time.perf_counter()
@@ -210,7 +214,8 @@ def vllm_generate(llm: Any, prompts: list[list[int]], a: argparse.Namespace, n: 
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    sp = SamplingParams(n=n, temperature=1.0, top_p=1.0, max_tokens=a.max_tokens, ignore_eos=True, logprobs=0, seed=1)
+    # Token ids in, token ids + logprobs out: the trainer never needs text (detokenize=False).
+    sp = SamplingParams(n=n, temperature=1.0, top_p=1.0, max_tokens=a.max_tokens, ignore_eos=True, logprobs=0, seed=1, detokenize=a.detokenize)
     sync()
     t0 = time.perf_counter()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
@@ -246,8 +251,13 @@ def load_into_engine(llm: Any, model: torch.nn.Module) -> float:
     weights = [(n, p.detach()) for n, p in model.named_parameters()]
     sync()
     t0 = time.perf_counter()
-    llm.apply_model(lambda m: m.load_weights(iter(weights)))
+    def load(m: Any) -> int:
+        m = m.unwrap() if hasattr(m, "unwrap") else m  # cudagraph wrapper -> model
+        return len(m.load_weights(iter(weights)) or ())
+
+    loaded = llm.apply_model(load)
     sync()
+    R["weights_loaded_params"] = loaded
     with contextlib.suppress(Exception):
         llm.reset_prefix_cache()  # cached KV was computed with the old weights
     return time.perf_counter() - t0
@@ -356,8 +366,10 @@ def varlen_vs_padded(model: torch.nn.Module, seqs: list[tuple[list[int], list[in
 
     def loss_from_hidden(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         lp, _ = chunked_logprobs(h, head, tgt_t, 4096)
-        # GRPO surrogate at ratio 1 (first pass): -A * exp(lp - lp.detach()), token-mean.
-        return -(adv_t * torch.exp(lp - lp.detach()) * msk_t).sum() / ntok, lp
+        # Policy-gradient loss -A * logprob, token mean: the same gradient as GRPO's clipped
+        # surrogate on its first pass (ratio 1), and unlike that surrogate its value depends on
+        # the logprobs, so comparing it between the two paths means something.
+        return -(adv_t * lp * msk_t).sum() / ntok, lp
 
     ids_packed = torch.tensor([[t for p, c, _ in seqs for t in p + c]], device=dev)
     pos_packed = torch.tensor([[i for L in lens for i in range(L)]], device=dev)
@@ -441,6 +453,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--gpu-mem", type=float, default=0.3)
     ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--max-num-seqs", type=int, default=512)
+    ap.add_argument("--detokenize", action="store_true", help="also detokenize (vLLM's default; the trainer needs no text)")
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--micro-batch-tokens", type=int, default=16384)
     ap.add_argument("--check-seqs", type=int, default=16)

@@ -52,12 +52,17 @@ opentelemetry-exporter-http-transport==0.66b2 opentelemetry-proto==1.45.2
 opentelemetry-sdk==1.45.2 opentelemetry-semantic-conventions==0.66b2
 opentelemetry-semantic-conventions-ai==0.5.1 outlines-core==0.2.14
 partial-json-parser==0.2.1.1.post7 prometheus-fastapi-instrumentator==8.1.0 pybase64==1.5.1
-pycparser==3.12 pydantic==2.14.3 pydantic-core==2.50.4 pydantic-extra-types==2.11.1
+pycparser==3.12 pycountry==26.2.16 pydantic==2.14.3 pydantic-core==2.50.4 pydantic-extra-types==2.11.1
 pydantic-settings==2.16.3 pyjwt==2.15.1 python-dotenv==1.2.4 python-json-logger==4.2.0
 python-multipart==0.0.34 pyzmq==27.3.0 referencing==0.37.0 rpds-py==2026.9.1
 setproctitle==1.3.8 sniffio==1.3.1 sse-starlette==3.7.0 starlette==1.10.0
 typing-inspection==0.4.5 uvicorn==0.54.0 watchfiles==1.3.0 websockets==17.4 xgrammar==0.2.7
+apache-tvm-ffi==0.1.10 torch-c-dlpack-ext==0.1.5
 """.split()
+# The last line and pycountry were carried as extra wheels beside the first archive, after the
+# device showed they are imported at engine start: transformers' MistralCommonBackend (from
+# vllm's guidance backend) -> mistral_common -> pydantic_extra_types.language_code ->
+# pycountry; vllm's xgrammar backend -> xgrammar -> tvm_ffi.
 
 # name -> why it stays behind (size in MiB as a wheel)
 EXCLUDED = {
@@ -81,11 +86,10 @@ EXCLUDED = {
     "cuda-python": "metapackage; the image has cuda-bindings",
     "pynvvideocodec": "42; video decoding for multimodal inputs",
     "torchcodec": "10; video/audio decoding",
-    "flashinfer-python": "14; optional attention/sampling backend, probed with find_spec; FA3 is used on Hopper",
-    "apache-tvm-ffi": "flashinfer / FA4 cute dependency",
-    "torch-c-dlpack-ext": "tvm-ffi dependency",
+    # vllm's sampler imports flashinfer unguarded unless VLLM_USE_FLASHINFER_SAMPLER=0, which
+    # benchmarks/vllm_device.py sets (seen on the device: ModuleNotFoundError otherwise).
+    "flashinfer-python": "14; top-k/top-p sampler and attention backend; FA3 is used on Hopper",
     "fastsafetensors": "optional loader (load_format=fastsafetensors)",
-    "pycountry": "8; mistral_common image extra",
     "fastapi-cli": "CLI only", "fastapi-cloud-cli": "CLI only", "rich-toolkit": "CLI only",
     "rignore": "CLI only", "sentry-sdk": "CLI only", "agent-detector": "CLI only",
     "detect-installer": "CLI only", "truststore": "CLI only", "supervisor": "server process manager",

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p /tmp/vpieces
 shopt -s nullglob
-for f in .vllm-pieces/*/*; do cp "$f" /tmp/vpieces/; done
+for f in .vllm-pieces/*/vsite.tar.xz.* .vllm-pieces/*/manifest.json; do cp "$f" /tmp/vpieces/; done
 ls -la /tmp/vpieces
 [ "${1:-stash}" = stash ] && exit 0
 
@@ -23,6 +23,12 @@ got=$(sha256sum /tmp/vsite.tar.xz | cut -d' ' -f1)
 [ "$got" = "$sha" ] || { echo "sha256 mismatch: $got != $sha" >&2; exit 4; }
 rm -rf /tmp/vsite && mkdir -p /tmp/vsite
 xz -T0 -dc /tmp/vsite.tar.xz | tar -x -C /tmp/vsite
+# Wheels carried beside the archive (added after it was built) go into the same tree.
+extra=(.vllm-pieces/*/*.whl)
+if [ ${#extra[@]} -gt 0 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/vsite "${extra[@]}"
+  echo "extra wheels: ${extra[*]}"
+fi
 echo "unpacked in $(python3 -c "import time;print(round(time.time()-$t0,1))")s: $(du -sh /tmp/vsite | cut -f1)"
 
 before=$(python3 -c 'import torch;print(torch.__version__, torch.__file__)')
