@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -28,7 +28,7 @@ import anyio
 import anyio.lowlevel
 from anyio.abc import TaskGroup
 
-from .base import Command, Provider, Sandbox
+from .base import Command, ExecJob, Provider, Sandbox
 from .errors import HookError, SandboxCreateError, SpecError
 from .hooks import Hook, Hooks
 from .ownership import PruneReport, new_run_id, owner_labels, prune
@@ -70,6 +70,15 @@ class ManagedSandbox(Sandbox):
         if hooks.has("after_exec"):
             await self._guard(hooks.run("after_exec", self, cmd, result))
         return result
+
+    async def exec_many(self, jobs: Sequence[ExecJob], *, parallel: int | None = None) -> list[ExecResult]:
+        hooks = self._manager.hooks
+        if hooks.has("before_exec") or hooks.has("after_exec"):
+            return await super().exec_many(jobs, parallel=parallel)  # each job through exec's hooks
+        return await self.inner.exec_many(jobs, parallel=parallel)
+
+    async def reset(self) -> bool:
+        return await self.inner.reset()
 
     async def _guard(self, call: Any) -> None:
         try:
@@ -114,7 +123,11 @@ class SandboxManager:
         reap_interval_s: float = 5.0,
         run_id: str | None = None,
         provider_options: Mapping[str, Any] | None = None,
+        background_recycle: bool = False,
     ) -> None:
+        """`background_recycle`: a released sandbox that is not pooled is destroyed in the
+        background (inside `async with`), so `release` returns at once; its slot is freed
+        once it is gone. Off by default: then `release` returns after the destroy."""
         if max_sandboxes < 1:
             raise ValueError(f"max_sandboxes must be >= 1, got {max_sandboxes}")
         self.provider: Provider = (
@@ -125,6 +138,7 @@ class SandboxManager:
         self.create_retries = create_retries
         self.retry_backoff_s = retry_backoff_s
         self.reap_interval_s = reap_interval_s
+        self.background_recycle = background_recycle
         self.run_id = run_id or new_run_id()
         self.labels = owner_labels(self.run_id)
         self._slots = anyio.Semaphore(max_sandboxes)
@@ -133,7 +147,8 @@ class SandboxManager:
         self._pool_target: dict[str, tuple[SandboxSpec, int]] = {}
         self._tg: TaskGroup | None = None
         self._closed = False
-        self.stats = {"created": 0, "destroyed": 0, "create_failures": 0, "pool_hits": 0}
+        self._recycling: set[str] = set()  # ids being destroyed in the background
+        self.stats = {"created": 0, "destroyed": 0, "create_failures": 0, "pool_hits": 0, "reused": 0}
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -160,6 +175,8 @@ class SandboxManager:
             async with anyio.create_task_group() as tg:
                 for sb in list(self._live.values()):
                     tg.start_soon(self._destroy, sb)
+            while self._recycling:  # background destroys still talking to the provider
+                await anyio.sleep(0.01)
             await self.provider.aclose()
 
     @property
@@ -174,13 +191,18 @@ class SandboxManager:
     # ---- acquire / release -----------------------------------------------------------
 
     @asynccontextmanager
-    async def sandbox(self, spec: SandboxSpec | None = None) -> AsyncIterator[ManagedSandbox]:
-        """A sandbox for the block; always released (destroyed), on error and cancellation."""
+    async def sandbox(
+        self, spec: SandboxSpec | None = None, *, reuse: bool = False
+    ) -> AsyncIterator[ManagedSandbox]:
+        """A sandbox for the block; always released (destroyed, or with `reuse` reset and
+        pooled when the block ended without an error), on error and cancellation."""
         sb = await self.acquire(spec)
+        ok = False
         try:
             yield sb
+            ok = True
         finally:
-            await self.release(sb)
+            await self.release(sb, reuse=reuse and ok)
 
     async def acquire(self, spec: SandboxSpec | None = None) -> ManagedSandbox:
         """Hand out a ready sandbox: a warm one for this spec if any, else a new one (waiting
@@ -215,8 +237,11 @@ class SandboxManager:
         return await self._hand_out(sb)
 
     async def release(self, sb: ManagedSandbox, *, reuse: bool = False) -> None:
-        """Give a sandbox back. It is destroyed unless `reuse` is set, it is healthy, and a
-        warm pool for its spec wants it (the caller promises its state may be shared)."""
+        """Give a sandbox back. With `reuse`, a healthy sandbox that a warm pool for its spec
+        wants is reset (`Sandbox.reset`: no processes of its users, empty workdir and /tmp)
+        and pooled; otherwise, or when the provider cannot reset, it is destroyed -- in the
+        background inside `async with` when `reuse` was asked or `background_recycle` is set
+        (its slot is freed once it is gone), so the caller goes on at once."""
         if sb.id not in self._live or not sb.leased:
             return  # already released
         sb.leased = False
@@ -229,9 +254,27 @@ class SandboxManager:
             target = self._pool_target.get(sb.spec.key())
             want = target is not None and len(self._idle[sb.spec.key()]) < target[1]
             if reuse and want and not sb.failed and not self._expired(sb) and not self._closed:
-                self._idle[sb.spec.key()].append(sb)
+                try:
+                    clean = await sb.inner.reset()
+                except Exception as exc:
+                    log.warning("reset of %s failed: %r", sb.id, exc)
+                    clean = False
+                if clean and not self._closed:
+                    self.stats["reused"] += 1
+                    self._idle[sb.spec.key()].append(sb)
+                    return
+            if self._tg is not None and not self._closed and (reuse or self.background_recycle):
+                self._recycling.add(sb.id)
+                self._tg.start_soon(self._recycle, sb)
                 return
             await self._destroy(sb)
+
+    async def _recycle(self, sb: ManagedSandbox) -> None:
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._destroy(sb)
+        finally:
+            self._recycling.discard(sb.id)
 
     async def _hand_out(self, sb: ManagedSandbox) -> ManagedSandbox:
         """Run on_ready and lease it; on failure (or cancellation) destroy it and re-raise."""
@@ -350,8 +393,9 @@ class SandboxManager:
                     raise
                 log.warning("warm pool create failed: %r", exc)
                 return
-            if self._closed:
-                await self._destroy(sb)
+            if self._closed:  # made while closing (the task group may be cancelled now)
+                with anyio.CancelScope(shield=True):
+                    await self._destroy(sb)
             else:
                 self._idle[key].append(sb)
 
