@@ -218,6 +218,7 @@ CORPUS: tuple[Hostile, ...] = (
         "( ( exec -a {SBX}-orphan sleep 1000 ) & ) ; "
         "setsid env -i bash -c 'exec -a {SBX}-envi sleep 1000' >/dev/null 2>&1 < /dev/null & "
         "sleep 0.2; echo started",
+        outcome="ok",  # the command is over when its main process is, holders or not
         required=("started",),
         leaves_processes=True,
     ),

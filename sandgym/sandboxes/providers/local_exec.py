@@ -69,6 +69,30 @@ async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
         await stdin.wait_closed()
 
 
+async def _exited(proc: asyncio.subprocess.Process) -> None:
+    """Until the process itself has exited. `proc.wait()` on Python < 3.12 also waits for
+    its pipes to close, so a background child still holding stdout would stall it until
+    the timeout: wait on a pidfd instead (the drain grace below bounds the rest)."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfd (old kernel), or already exited and reaped
+        fd = -1
+    if fd >= 0:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+        try:
+            await done
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+    elif not hasattr(os, "pidfd_open"):
+        await proc.wait()
+        return
+    while proc.returncode is None:  # the child watcher reaps it a moment later
+        await asyncio.sleep(0.001)
+
+
 def _killpg(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
@@ -115,13 +139,13 @@ async def run_process(
     timed_out = False
     try:
         try:
-            await asyncio.wait_for(proc.wait(), timeout)
+            await asyncio.wait_for(_exited(proc), timeout)
         except asyncio.TimeoutError:
             timed_out = True
             # The process group holds the command (and, under bwrap, the namespace's init,
             # whose death takes every process in the pid namespace with it).
             _killpg(proc.pid)
-            await proc.wait()
+            await _exited(proc)  # not proc.wait(): setsid() escapees may hold the pipes
         _, pending = await asyncio.wait(tasks, timeout=_DRAIN_GRACE_S)
         for t in pending:
             t.cancel()
