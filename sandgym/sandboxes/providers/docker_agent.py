@@ -47,7 +47,8 @@ _RETRIES = 6
 _REFUSED_EXIT = 126
 
 # Kill everything but PID 1 (init), the agent ($1) and this shell, a few passes in case some
-# fork meanwhile; then empty the writable places. Builtins only until the killing is done.
+# fork meanwhile; then empty the writable places. Shell builtins only on the common path
+# (nothing running, nothing written): one process start per reset.
 _RESET = r"""keep=" 1 $1 $$ "
 pass=0
 while [ $pass -lt 8 ]; do
@@ -55,7 +56,6 @@ while [ $pass -lt 8 ]; do
   for d in /proc/[0-9]*; do
     p=${d#/proc/}
     case "$keep" in *" $p "*) continue ;; esac
-    [ -r "$d/stat" ] || continue
     read -r st < "$d/stat" 2>/dev/null || continue
     case "${st##*) }" in Z*) continue ;; esac
     kill -KILL "$p" 2>/dev/null && n=$((n+1))
@@ -64,14 +64,23 @@ while [ $pass -lt 8 ]; do
   pass=$((pass+1))
 done
 shift
-chmod 0755 "$1" 2>/dev/null
+work=$1
 for d in "$@"; do
   [ -d "$d" ] || continue
-  chmod -R u+rwX "$d"/. 2>/dev/null
-  find "$d" -mindepth 1 -delete 2>/dev/null
-  left=$(find "$d" -mindepth 1 -maxdepth 1 | head -n 3)
-  if [ -n "$left" ]; then echo "cannot empty $d: $left" >&2; exit 1; fi
+  set -- "$d"/* "$d"/.[!.]* "$d"/..?*
+  for f in "$@"; do
+    if [ -e "$f" ] || [ -L "$f" ]; then
+      chmod -R u+rwX "$d"/. 2>/dev/null
+      find "$d" -mindepth 1 -delete 2>/dev/null
+      set -- "$d"/* "$d"/.[!.]* "$d"/..?*
+      for g in "$@"; do
+        if [ -e "$g" ] || [ -L "$g" ]; then echo "cannot empty $d: $g" >&2; exit 1; fi
+      done
+      break
+    fi
+  done
 done
+[ -O "$work" ] && chmod 0755 "$work" 2>/dev/null
 exit 0"""
 
 
@@ -256,7 +265,7 @@ class DockerAgentTransport(AgentTransport):
         if self.agent_pid is None:
             await self.wait_ready(10)
         return await self.client.exec(
-            ["sh", "-c", _RESET, "sh", str(self.agent_pid), workdir, "/tmp", "/dev/shm"],
+            ["/bin/sh", "-c", _RESET, "sh", str(self.agent_pid), workdir, "/tmp", "/dev/shm"],
             timeout=60, output_limit=1 << 16,
         )
 
