@@ -100,3 +100,29 @@ async def test_exec_many_through_the_manager(provider_name: str) -> None:
             results = await sb.exec_many(jobs[:3])
     assert [r.stdout for r in results] == ["0\n", "1\n", "2\n"]
     assert sorted(seen) == ["echo 0", "echo 1", "echo 2"]
+
+
+@pytest.mark.parametrize("provider_name", ["docker", "local"])
+async def test_exec_batcher_gathers_concurrent_jobs(provider_name: str) -> None:
+    from sandgym.sandboxes.batching import ExecBatcher
+
+    if provider_name == "docker":
+        require_docker()
+    results: dict[int, str] = {}
+    async with SandboxManager(provider_name, max_sandboxes=4) as mgr:
+        batcher = ExecBatcher(mgr, SPEC, max_batch=5, window_s=0.2)
+
+        async def one(i: int) -> None:
+            r = await batcher.run(ExecJob(["python3", "-c", f"print({i} * 3)"]))
+            results[i] = r.stdout
+
+        async with anyio.create_task_group() as tg:
+            for i in range(12):
+                tg.start_soon(one, i)
+        slow = await batcher.run(ExecJob("sleep 20", timeout=1))
+        assert slow.timed_out and slow.exit_code == 124
+        run = mgr.run_id
+    assert results == {i: f"{i * 3}\n" for i in range(12)}
+    assert sum(batcher.batches[:-1]) == 12 and max(batcher.batches) <= 5
+    assert len(batcher.batches) < 13  # gathered, not one sandbox per job
+    assert await _ids_of_run(provider_name, run) == set()
