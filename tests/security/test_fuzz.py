@@ -1,7 +1,8 @@
 """The platform API fuzzed against its own OpenAPI schema, across tenants.
 
 Token A creates a sandbox; schemathesis then fuzzes every operation with token B, aiming
-every generated sandbox id (path parameters, and the ids in bulk bodies) at A's sandbox.
+every generated sandbox id (path parameters, the ids in bulk bodies, and the gateway's
+user_ns/job_id, called with the gateway token of B's own sandbox) at A's sandbox.
 Whatever B sends: no 500 (the gateway's documented 502 `sandbox_not_found` excepted), never a
 2xx that shows or touches A's sandbox, and afterwards A's sandbox is RUNNING and A sees
 nothing of B's. Runs on the local backend (cheap creates) and is bounded to a few seconds
@@ -57,7 +58,18 @@ def two_tenants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThre
             assert r.status_code == 200, r.text
             sid = r.json()["id"]
             assert _wait_running(c, sid, TOKEN_A)["status"] == "RUNNING"
-        STATE["a_id"] = sid
+            auth_a = c.post(f"/api/v1/sandbox/{sid}/auth", headers={"Authorization": f"Bearer {TOKEN_A}"}).json()
+            # B's own sandbox, for a gateway token of B's to aim at A's gateway paths.
+            r = c.post(
+                "/api/v1/sandbox",
+                json={"name": "tenant-b-box", "docker_image": "sandgym/python:latest"},
+                headers={"Authorization": f"Bearer {TOKEN_B}"},
+            )
+            assert r.status_code == 200, r.text
+            b_id = r.json()["id"]
+            assert _wait_running(c, b_id, TOKEN_B)["status"] == "RUNNING"
+            auth_b = c.post(f"/api/v1/sandbox/{b_id}/auth", headers={"Authorization": f"Bearer {TOKEN_B}"}).json()
+        STATE.update(a_id=sid, a_ns=auth_a["user_ns"], a_job=auth_a["job_id"], b_gateway_token=auth_b["token"])
         yield srv
 
 
@@ -75,6 +87,11 @@ def _aim_at_a(case: Any) -> bool:
     aimed = False
     if case.path_parameters and "sandbox_id" in case.path_parameters:
         case.path_parameters["sandbox_id"] = a_id
+        aimed = True
+    if case.path_parameters and "job_id" in case.path_parameters:  # the gateway's paths
+        case.path_parameters["job_id"] = STATE["a_job"]
+        if "user_ns" in case.path_parameters:
+            case.path_parameters["user_ns"] = STATE["a_ns"]
         aimed = True
     if isinstance(case.body, dict) and isinstance(case.body.get("sandbox_ids"), list):
         case.body["sandbox_ids"] = [a_id, *case.body["sandbox_ids"][:3]]
@@ -99,7 +116,10 @@ def _without_refusals(doc: Any) -> Any:
 def test_token_b_never_reaches_token_a_sandbox(case: Any) -> None:
     aimed = _aim_at_a(case)
     STATE["aimed"] = STATE.get("aimed", 0) + int(aimed)
-    response = case.call(headers={"Authorization": f"Bearer {TOKEN_B}"})
+    # Gateway paths take a sandbox's gateway token: B's own sandbox's, aimed at A's sandbox.
+    gateway = case.path_parameters and "job_id" in case.path_parameters
+    token = STATE["b_gateway_token"] if gateway else TOKEN_B
+    response = case.call(headers={"Authorization": f"Bearer {token}"})
     code = response.status_code
     if code == 502:
         assert response.json().get("error") == "sandbox_not_found", response.text
@@ -112,7 +132,7 @@ def test_token_b_never_reaches_token_a_sandbox(case: Any) -> None:
             doc = response.text
         shown = json.dumps(_without_refusals(doc)) if not isinstance(doc, str) else doc
         assert STATE["a_id"] not in shown, ("token B saw A's sandbox", case.method, case.path, response.text[:500])
-        assert not (aimed and case.path_parameters and "sandbox_id" in case.path_parameters), (
+        assert not (aimed and case.path_parameters and ({"sandbox_id", "job_id"} & set(case.path_parameters))), (
             "token B got a 2xx on A's sandbox",
             case.method,
             case.path,
@@ -129,7 +149,7 @@ def test_token_a_sandbox_untouched_after_the_fuzz(two_tenants: ServerThread) -> 
         doc = _wait_running(c, sid, TOKEN_A)
         assert doc["status"] == "RUNNING", doc
         listed = c.get("/api/v1/sandbox", params={"per_page": 100}, headers={"Authorization": f"Bearer {TOKEN_A}"}).json()
-        assert [s["id"] for s in listed["sandboxes"]] == [sid], listed
+        assert [s["id"] for s in listed["sandboxes"]] == [sid], listed  # and none of B's
         b_view = c.get(f"/api/v1/sandbox/{sid}", headers={"Authorization": f"Bearer {TOKEN_B}"})
         assert b_view.status_code == 404, b_view.text
     rec = two_tenants.service.store.get_any(sid)
