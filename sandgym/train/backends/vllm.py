@@ -3,68 +3,188 @@
 The engine (`vllm.LLM`, in this process, sleep mode on) sits behind the same OpenAI-compatible
 server as the transformers backend (`hf.build_app`), so environments reach it exactly as they
 reach any model server. After each optimizer step `update_weights` loads the trainer's
-tensors into the engine's model in place (`LLM.apply_model` -> `model.load_weights`) and
-resets the prefix cache; `sleep` / `wake` free and restore the engine's GPU memory around
-training.
+tensors into the engine's model in place (`LLM.apply_model` -> the model's `load_weights`,
+which maps Hugging Face names onto vLLM's fused q/k/v and gate/up tensors) and resets the
+prefix cache; `sleep` / `wake` free and restore the engine's GPU memory around training.
 
-Status: written against vLLM's documented Python API (0.10+: `LLM.apply_model`,
-`LLM.sleep`, `LLM.wake_up`, `LLM.reset_prefix_cache`, `TokensPrompt`); it has not run in
-this repository yet (no vllm on the CPU machine; the device has none installed). Issue 9
-carries vllm to the device and checks it. A separate `vllm serve` process is not supported
-yet: pushing weights to it needs its dev-mode RPC endpoints, which we have not exercised.
+Every vLLM call here is one that benchmarks/vllm_device.py ran on the lent H100 with vllm
+0.26.0 (benchmarks/RESULTS.md, issue 9): the in-process engine core
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`), `VLLM_USE_FLASHINFER_SAMPLER=0`, `LLM(dtype="bfloat16",
+enable_sleep_mode=True, gpu_memory_utilization, max_model_len, seed, max_num_seqs,
+enforce_eager)`, `generate` on `vllm.inputs.TokensPrompt` with `SamplingParams(logprobs=0,
+detokenize=False)`, `prompt_logprobs=0` for scoring, `apply_model` + `load_weights`,
+`reset_prefix_cache`, `sleep(level=1)` / `wake_up()`. Not covered by that run: a separate
+`vllm serve` process (pushing weights to it needs its dev-mode RPC endpoints), and vLLM loading
+the built-in byte tokenizer of `name_or_path = "tiny"`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import logging
 import os
 import tempfile
 import threading
-from typing import Any
+import time
+from typing import Any, Iterable
 
 import torch
 
 from sandgym.train.backends.hf import GenRequest, GenResult
 
-# In-process engine core, so apply_model runs our callable on the engine's model in this
-# process (no pickling of closures over CUDA tensors).
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+log = logging.getLogger(__name__)
+
+# Set before vLLM reads them (it reads its environment lazily, at engine construction).
+ENGINE_ENV = {
+    # In-process engine core: apply_model runs our callable on the engine's model in this
+    # process, so the trainer's CUDA tensors are handed over without pickling.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    # flashinfer is not carried to the device; without this vLLM's sampler probe imports it
+    # unguarded and engine start fails (plain temperature/top-p sampling needs none of it).
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+}
+
+
+def engine_env() -> None:
+    for k, v in ENGINE_ENV.items():
+        os.environ.setdefault(k, v)
+
+
+engine_env()
+
+
+def vllm_import_error() -> str | None:
+    """Why `import vllm` fails here, or None when it works."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install raising anything else
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def vllm_available() -> bool:
+    return vllm_import_error() is None
+
+
+def require_vllm() -> None:
+    err = vllm_import_error()
+    if err is not None:
+        raise RuntimeError(
+            f"backend.kind = 'vllm' but vllm cannot be imported ({err}); "
+            "install vllm (see scripts/device/README.md for the device) or use backend.kind = 'hf'"
+        )
+
+
+# ---- weights ---------------------------------------------------------------------------------
+
+
+def engine_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The trainer's parameters as (Hugging Face name, tensor) for the engine's `load_weights`.
+
+    `named_parameters` lists a tied tensor once (no `lm_head.weight` when embeddings are tied;
+    vLLM's model shares it too). The tensors are the trainer's own (detached, no copy): the
+    engine's loader copies them into its buffers with the dtype cast (float32 -> bf16)."""
+    return [(n, p.detach()) for n, p in model.named_parameters()]
+
+
+def load_into(engine_model: Any, weights: list[tuple[str, torch.Tensor]]) -> int:
+    """Runs inside the engine (through `LLM.apply_model`): loads `weights` into its model in
+    place and checks that every engine parameter received a value, as vLLM's own loader checks
+    at start-up. Returns how many engine parameters were loaded."""
+    m = engine_model.unwrap() if hasattr(engine_model, "unwrap") else engine_model  # CUDA-graph wrapper
+    loaded = m.load_weights(iter(weights))
+    if loaded is None:  # a model whose load_weights reports nothing: cannot be checked
+        log.warning("engine model %s does not report loaded weights; update not verified", type(m).__name__)
+        return -1
+    missing = sorted({n for n, _ in m.named_parameters()} - set(loaded))
+    if missing:
+        raise RuntimeError(f"weight update left {len(missing)} engine parameters unset: {missing[:8]}")
+    return len(loaded)
+
+
+# ---- engine ----------------------------------------------------------------------------------
+
+
+def sampled_logprobs(token_ids: list[int], logprobs: Any) -> list[float]:
+    """The sampled tokens' logprobs from vLLM's per-position {token_id: Logprob} list."""
+    if not logprobs:
+        return []
+    return [float(logprobs[t][tid].logprob) for t, tid in enumerate(token_ids)]
 
 
 class VLLMEngine:
-    """Same interface as HFEngine (generate / tokenizer / max_batch_size / lock)."""
+    """Same interface as HFEngine (generate / tokenizer / max_batch_size / lock), plus
+    `logprobs_of` (the engine's logprobs of fixed completions)."""
 
     def __init__(self, llm: Any, tokenizer: Any, max_batch_size: int = 1024) -> None:
         self.llm = llm
         self.tokenizer = tokenizer
-        self.max_batch_size = max_batch_size
-        self.lock = threading.Lock()
+        self.max_batch_size = max_batch_size  # the HTTP front's batching window
+        self.lock = threading.Lock()  # held while generating, sleeping, waking, loading weights
         eos = tokenizer.eos_token_id if tokenizer is not None else None
         self.eos_ids = [int(eos)] if eos is not None else []
 
-    def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
-        from vllm import SamplingParams, TokensPrompt
+    @staticmethod
+    def _params(r: GenRequest) -> Any:
+        from vllm import SamplingParams
 
-        prompts = [TokensPrompt(prompt_token_ids=r.prompt_ids) for r in reqs]
-        params = [
-            SamplingParams(
-                max_tokens=r.max_tokens,
-                temperature=r.temperature,
-                top_p=r.top_p,
-                stop_token_ids=list(r.stop_token_ids) or None,
-                ignore_eos=r.ignore_eos,
-                logprobs=0,  # the sampled token's logprob (raw, before temperature)
-            )
-            for r in reqs
-        ]
+        # Token ids in, token ids + logprobs out: the HTTP front decodes text itself with the
+        # tokenizer, so vLLM's detokenizer is skipped (with max_num_seqs 512: 1.7x the tokens/s
+        # of vLLM's defaults on the device).
+        return SamplingParams(
+            max_tokens=r.max_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            stop_token_ids=list(r.stop_token_ids) or None,
+            ignore_eos=r.ignore_eos,
+            logprobs=0,  # the sampled token's logprob (raw, before temperature)
+            detokenize=False,
+        )
+
+    def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
+        from vllm.inputs import TokensPrompt
+
+        if not reqs:
+            return []
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in reqs]
+        keys = {(r.max_tokens, r.temperature, r.top_p, tuple(r.stop_token_ids), r.ignore_eos) for r in reqs}
+        # One SamplingParams for the whole batch when the requests agree (the usual GRPO case,
+        # and the form run on the device); else one per request.
+        params: Any = self._params(reqs[0]) if len(keys) == 1 else [self._params(r) for r in reqs]
         with self.lock:
             outs = self.llm.generate(prompts, params, use_tqdm=False)
         results = []
         for o in outs:
             c = o.outputs[0]
             ids = list(c.token_ids)
-            lps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids)]
-            results.append(GenResult(completion_ids=ids, logprobs=lps, finish_reason="length" if c.finish_reason == "length" else "stop"))
+            results.append(
+                GenResult(
+                    completion_ids=ids,
+                    logprobs=sampled_logprobs(ids, c.logprobs),
+                    finish_reason="length" if c.finish_reason == "length" else "stop",
+                )
+            )
         return results
+
+    def logprobs_of(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        """The engine's logprobs of each fixed completion given its prompt (prompt logprobs of
+        prompt + completion; one token is generated and ignored)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        with self.lock:
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p) + list(c)) for p, c in pairs], sp, use_tqdm=False)
+        res = []
+        for (p, c), o in zip(pairs, outs):
+            full = list(p) + list(c)
+            pl = o.prompt_logprobs
+            res.append([float(pl[j][full[j]].logprob) for j in range(len(p), len(full))])
+        return res
+
+
+# ---- backend ---------------------------------------------------------------------------------
 
 
 class VLLMBackend:
@@ -79,6 +199,9 @@ class VLLMBackend:
         max_model_len: int = 4096,
         sleep_during_training: bool = True,
         max_batch_size: int = 1024,
+        max_num_seqs: int = 256,
+        enforce_eager: bool = False,
+        seed: int = 0,
     ) -> None:
         self.model_path = model_path
         self.tokenizer = tokenizer
@@ -87,14 +210,22 @@ class VLLMBackend:
         self.max_model_len = max_model_len
         self.sleep_during_training = sleep_during_training
         self.max_batch_size = max_batch_size
+        # Sequences in flight in the engine: a GRPO batch should fit at once (vLLM's default
+        # 256 left half of a 512-sequence batch waiting on the device).
+        self.max_num_seqs = max_num_seqs
+        self.enforce_eager = enforce_eager
+        self.seed = seed
         self.llm: Any = None
+        self.engine: VLLMEngine | None = None
         self.asleep = False
         self.weights_version = 0
+        self.last_update: dict[str, Any] = {}
         self._http: Any = None  # the OpenAI-compatible front (an HFBackend-style server)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     @classmethod
     def from_config(cls, cfg: Any, model: torch.nn.Module, tokenizer: Any) -> "VLLMBackend":
+        require_vllm()  # before writing anything: say plainly what is missing
         if cfg.backend.base_url:
             raise NotImplementedError("a separate `vllm serve` is not supported yet; use the colocated engine")
         path = cfg.model.name_or_path
@@ -105,6 +236,8 @@ class VLLMBackend:
             max_model_len=cfg.backend.max_model_len,
             sleep_during_training=cfg.backend.sleep_during_training,
             max_batch_size=cfg.backend.max_batch_size,
+            max_num_seqs=max(256, cfg.backend.max_batch_size, cfg.rollout.prompts_per_step * cfg.rollout.group_size),
+            seed=cfg.optim.seed,
         )
         if path == "tiny":  # vLLM loads from disk: write the trainer's initial weights
             b._tmp = tempfile.TemporaryDirectory(prefix="sandgym-vllm-")
@@ -115,65 +248,125 @@ class VLLMBackend:
 
     @property
     def base_url(self) -> str:
+        if self._http is None:
+            raise RuntimeError("the vLLM backend is not started")
         return self._http.base_url
 
-    def start(self) -> None:
+    def engine_kwargs(self) -> dict[str, Any]:
+        """What `vllm.LLM` is constructed with (the arguments run on the device)."""
+        return dict(
+            model=str(self.model_path),
+            dtype="bfloat16",
+            enable_sleep_mode=True,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_model_len=self.max_model_len,
+            seed=self.seed,
+            max_num_seqs=self.max_num_seqs,
+            enforce_eager=self.enforce_eager,
+        )
+
+    def start(self, serve_http: bool = True) -> None:
+        require_vllm()
+        engine_env()
         from vllm import LLM
 
         from sandgym.train.backends.hf import HFBackend
 
-        self.llm = LLM(
-            model=self.model_path,
-            dtype="bfloat16",
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            max_model_len=self.max_model_len,
-            enable_sleep_mode=True,
-            enable_prefix_caching=True,
-        )
-        engine = VLLMEngine(self.llm, self.tokenizer, self.max_batch_size)
-        # The transformers backend's HTTP front, with the vLLM engine behind it.
-        self._http = HFBackend.for_engine(engine, self.model_name)
-        self._http.start()
+        # No in-process retry on failure: a second LLM in the same process fails with "CuMem
+        # allocator can only be used for one instance per process" (seen on the device).
+        self.llm = LLM(**self.engine_kwargs())
+        self.asleep = False
+        self.engine = VLLMEngine(self.llm, self.tokenizer, self.max_batch_size)
+        if serve_http:
+            # The transformers backend's HTTP front, with the vLLM engine behind it.
+            self._http = HFBackend.for_engine(self.engine, self.model_name)
+            self._http.start()
+
+    def _lock(self) -> Any:
+        return self.engine.lock if self.engine is not None else contextlib.nullcontext()
 
     def update_weights(self, model: torch.nn.Module) -> None:
-        sd = model.state_dict()
-
-        def load(m: torch.nn.Module) -> None:
-            m.load_weights(((k, v) for k, v in sd.items()))
-
+        if self.llm is None:
+            raise RuntimeError("the vLLM backend is not started")
+        weights = engine_weights(model)
         self.wake()
-        with self._http.engine.lock:
-            self.llm.apply_model(load)
-            self.llm.reset_prefix_cache()
+        t0 = time.perf_counter()
+        with self._lock(), torch.no_grad():
+            res = self.llm.apply_model(lambda m: load_into(m, weights))
+            n = res[0] if isinstance(res, list) and res else res
+            # Cached KV came from the old weights. Recorded as returned (True/False, or None
+            # where this vLLM returns nothing); a failure is logged, the new weights stay loaded.
+            reset: Any
+            try:
+                reset = self.llm.reset_prefix_cache()
+            except Exception as e:
+                reset = f"failed: {type(e).__name__}: {e}"
+            if reset is False or isinstance(reset, str):
+                log.warning("vLLM prefix cache not reset after a weight update (%s): stale KV may be served", reset)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         self.weights_version += 1
+        self.last_update = {
+            "engine_params_loaded": n,
+            "trainer_tensors": len(weights),
+            "seconds": time.perf_counter() - t0,
+            "prefix_cache_reset": reset,
+            "version": self.weights_version,
+        }
 
     def sleep(self) -> None:
         if self.llm is not None and self.sleep_during_training and not self.asleep:
             # Level 1 offloads weights to CPU and drops the KV cache; the weights are
             # overwritten by update_weights anyway.
-            self.llm.sleep(level=1)
+            with self._lock():
+                self.llm.sleep(level=1)
             self.asleep = True
 
     def wake(self) -> None:
         if self.llm is not None and self.asleep:
-            self.llm.wake_up()
+            with self._lock():
+                self.llm.wake_up()
             self.asleep = False
 
     def close(self) -> None:
         if self._http is not None:
             self._http.close()
-        self.llm = None
+            self._http = None
+        if self.llm is not None:
+            # Dropping the LLM object alone does not give its GPU memory back in-process;
+            # sleeping first does (measured on the device before the transformers run).
+            if not self.asleep:
+                try:
+                    with self._lock():
+                        self.llm.sleep(level=1)
+                except Exception as e:
+                    log.warning("vLLM sleep on close failed: %s", e)
+            self.llm = None
+            self.engine = None
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
 
+    def __enter__(self) -> "VLLMBackend":
+        self.start()
+        return self
 
-def vllm_available() -> bool:
-    try:
-        import vllm  # noqa: F401
-    except Exception:
-        return False
-    return True
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-__all__ = ["VLLMBackend", "VLLMEngine", "vllm_available"]
+__all__ = [
+    "ENGINE_ENV",
+    "VLLMBackend",
+    "VLLMEngine",
+    "engine_env",
+    "engine_weights",
+    "load_into",
+    "require_vllm",
+    "sampled_logprobs",
+    "vllm_available",
+    "vllm_import_error",
+]
