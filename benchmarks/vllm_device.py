@@ -1,11 +1,16 @@
-"""Issue 9 on the lent H100, in one process: vLLM colocated generation, a trainer step, weights
-loaded into the engine in place, logprob agreement, sleep/wake memory, vLLM vs the built-in
-transformers backend, and packed varlen attention vs padded SDPA for training.
+"""Issue 9 on the lent H100, in one process: the trainer's vLLM backend
+(sandgym.train.backends.vllm.VLLMBackend, colocated) generates a GRPO batch and answers one
+request on its OpenAI-compatible front, sleeps for a trainer step, wakes, takes the updated
+weights in place (update_weights), and its logprobs of fixed completions are checked against
+the trainer's; sleep/wake memory is measured; then vLLM vs the built-in transformers backend,
+and packed varlen attention vs padded SDPA for training.
 
 Run on the device after scripts/device/vllm_join.sh has unpacked vllm into /tmp/vsite:
-    PYTHONPATH=/tmp/vsite:. python3 benchmarks/vllm_device.py --out $OUT
-Each section is guarded: a failure is logged with its traceback and the others still run.
-The short table is printed last; the full log and a JSON of every number go to --out.
+    PYTHONPATH=/tmp/vsite:. PYTHONUNBUFFERED=1 python3 benchmarks/vllm_device.py --out $OUT
+(/tmp/vsite also supplies pydantic, which sandgym.train needs; without it the script stops at
+once unless --skip-vllm.) Each section is guarded: a failure is logged with its traceback and
+the others still run; the exit status is 1 when any section failed. The short table is printed
+last; the full log and a JSON of every number go to --out.
 """
 
 from __future__ import annotations
@@ -23,13 +28,9 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-# In-process engine core: the trainer's tensors can be handed to the engine's model directly
-# (apply_model runs the callable in this process; no pickling of closures over CUDA tensors).
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# vLLM's own settings (in-process engine core, no flashinfer sampler) are set by
+# sandgym.train.backends.vllm (ENGINE_ENV), which this script runs; they are recorded in the JSON.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# flashinfer is not carried (scripts/device/vllm_bundle.py); vLLM's sampler probes it with an
-# unguarded import unless told not to use it (plain temperature sampling needs none of it).
-os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
 # Nothing outside the device can be reached: never let a library try.
 for _k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
     os.environ.setdefault(_k, "1")
@@ -169,35 +170,50 @@ def make_prompts(tok: Any, n: int, length: int) -> list[list[int]]:
 # ---------------------------------------------------------------------------------------------
 
 
-def start_engine(model_dir: Path, a: argparse.Namespace) -> Any:
+def require_train_backend() -> Any:
+    """The trainer's vLLM backend module. The vLLM section exists to run that code, so an
+    import failure here stops the script (no fallback to raw vLLM calls)."""
+    try:
+        from sandgym.train import policy  # noqa: F401  (pydantic: from /tmp/vsite on the device)
+        from sandgym.train.backends import vllm as vb
+    except Exception as e:
+        msg = (
+            f"FATAL: sandgym.train cannot be imported ({type(e).__name__}: {e}); the vLLM section "
+            "runs the trainer's VLLMBackend. On the device run with PYTHONPATH=/tmp/vsite:. "
+            "(the carried tree has pydantic), or pass --skip-vllm."
+        )
+        log(msg)
+        raise SystemExit(msg) from e
+    return vb
+
+
+def start_backend(vb: Any, model_dir: Path, tok: Any, a: argparse.Namespace) -> Any:
+    """The trainer's backend (VLLMBackend): vllm.LLM in this process + its HTTP front."""
     t0 = time.perf_counter()
     import vllm
-    from vllm import LLM
 
     R["vllm"] = vllm.__version__
     R["vllm_import_s"] = round(time.perf_counter() - t0, 1)
     log(f"vllm {vllm.__version__} imported in {R['vllm_import_s']}s; torch still {torch.__version__}")
-    kw = dict(
-        model=str(model_dir),
-        dtype="bfloat16",
-        enable_sleep_mode=True,
+    backend = vb.VLLMBackend(
+        str(model_dir),
+        tok,
         gpu_memory_utilization=a.gpu_mem,
         max_model_len=a.prompt_len + a.max_tokens + 16,
+        sleep_during_training=True,
+        max_batch_size=a.prompts * a.group,
+        max_num_seqs=a.max_num_seqs,  # the whole GRPO batch in flight at once (vLLM default 256)
+        enforce_eager=a.eager,
         seed=0,
-        max_num_seqs=a.max_num_seqs,  # the whole GRPO batch in flight at once (default 256)
     )
+    R["vllm_engine_kwargs"] = backend.engine_kwargs()
+    R["vllm_env"] = {k: os.environ.get(k) for k in vb.ENGINE_ENV}
     free0 = free_gib()
     t0 = time.perf_counter()
-    try:
-        llm = LLM(**kw, enforce_eager=a.eager)
-        R["vllm_mode"] = "eager" if a.eager else "compiled+cudagraphs"
-    except Exception as e:
-        if a.eager:
-            raise
-        log(f"!!! LLM init (compiled) failed: {type(e).__name__}: {e}; retrying with enforce_eager=True")
-        R["errors"]["vllm_init_compiled"] = f"{type(e).__name__}: {e}"[:2000]
-        llm = LLM(**kw, enforce_eager=True)
-        R["vllm_mode"] = "eager (compiled init failed)"
+    # No eager retry in this process: a second LLM fails ("CuMem allocator can only be used
+    # for one instance per process"); rerun with --eager instead.
+    backend.start()
+    R["vllm_mode"] = "eager" if a.eager else "compiled+cudagraphs"
     R["vllm_init_s"] = round(time.perf_counter() - t0, 1)
     R["vllm_engine_gib"] = round(free0 - free_gib(), 2)
     try:
@@ -206,61 +222,50 @@ def start_engine(model_dir: Path, a: argparse.Namespace) -> Any:
         R["vllm_fa_version"] = get_flash_attn_version()
     except Exception as e:
         R["vllm_fa_version"] = f"? {e}"
-    log(f"engine up in {R['vllm_init_s']}s ({R['vllm_mode']}), holds {R['vllm_engine_gib']} GiB, FA version {R['vllm_fa_version']}")
-    return llm
+    log(f"VLLMBackend up in {R['vllm_init_s']}s ({R['vllm_mode']}), engine holds {R['vllm_engine_gib']} GiB, "
+        f"FA version {R['vllm_fa_version']}, HTTP front {backend.base_url}")
+    return backend
 
 
-def vllm_generate(llm: Any, prompts: list[list[int]], a: argparse.Namespace, n: int) -> tuple[list[dict[str, Any]], float]:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
+def backend_generate(backend: Any, prompts: list[list[int]], a: argparse.Namespace, n: int) -> tuple[list[dict[str, Any]], float]:
+    """The GRPO batch through VLLMEngine.generate (what the HTTP front calls): n requests per
+    prompt, token ids and sampled-token logprobs back."""
+    from sandgym.train.backends.hf import GenRequest
 
-    # Token ids in, token ids + logprobs out: the trainer never needs text (detokenize=False).
-    sp = SamplingParams(n=n, temperature=1.0, top_p=1.0, max_tokens=a.max_tokens, ignore_eos=True, logprobs=0, seed=1, detokenize=a.detokenize)
+    reqs = [GenRequest(prompt_ids=p, max_tokens=a.max_tokens, temperature=1.0, top_p=1.0, ignore_eos=True) for p in prompts for _ in range(n)]
     sync()
     t0 = time.perf_counter()
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+    res = backend.engine.generate(reqs)
     sync()
     dt = time.perf_counter() - t0
     rows = []
-    for pi, o in enumerate(outs):
-        for c in o.outputs:
-            ids = list(c.token_ids)
-            lps = [float(c.logprobs[t][tid].logprob) for t, tid in enumerate(ids)]
-            rows.append({"prompt_index": pi, "prompt": list(o.prompt_token_ids), "completion": ids, "logprobs": lps})
+    for i, (q, r) in enumerate(zip(reqs, res)):
+        if len(r.logprobs) != len(r.completion_ids):
+            raise AssertionError(f"request {i}: {len(r.completion_ids)} tokens but {len(r.logprobs)} logprobs")
+        rows.append({"prompt_index": i // n, "prompt": list(q.prompt_ids), "completion": r.completion_ids, "logprobs": r.logprobs})
     return rows, dt
 
 
-def engine_logprobs(llm: Any, seqs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
-    """The engine's logprobs of a fixed completion: prompt logprobs over prompt + completion."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
+def http_check(backend: Any, prompt: list[int], a: argparse.Namespace) -> dict[str, Any]:
+    """One /v1/completions request through the backend's OpenAI-compatible front (the path the
+    trainer's environments take: the front's batching thread calls VLLMEngine.generate)."""
+    import urllib.request
 
-    sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p + c) for p, c in seqs], sp, use_tqdm=False)
-    res = []
-    for (p, c), o in zip(seqs, outs):
-        full = p + c
-        pl = o.prompt_logprobs
-        res.append([float(pl[j][full[j]].logprob) for j in range(len(p), len(full))])
-    return res
-
-
-def load_into_engine(llm: Any, model: torch.nn.Module) -> float:
-    """In-place weight update: the engine's Qwen2 load_weights maps HF names (q/k/v ->
-    qkv_proj, gate/up -> gate_up_proj) and copies (with the dtype cast) into its buffers."""
-    weights = [(n, p.detach()) for n, p in model.named_parameters()]
-    sync()
+    n, mt = 4, 16
+    body = {"model": backend.model_name, "prompt": prompt, "n": n, "max_tokens": mt, "temperature": 1.0,
+            "ignore_eos": True, "logprobs": 0, "return_tokens_as_token_ids": True}
+    req = urllib.request.Request(backend.base_url + "/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
-    def load(m: Any) -> int:
-        m = m.unwrap() if hasattr(m, "unwrap") else m  # cudagraph wrapper -> model
-        return len(m.load_weights(iter(weights)) or ())
-
-    loaded = llm.apply_model(load)
-    sync()
-    R["weights_loaded_params"] = loaded
-    with contextlib.suppress(Exception):
-        llm.reset_prefix_cache()  # cached KV was computed with the old weights
-    return time.perf_counter() - t0
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        out = json.loads(resp.read())
+    dt = time.perf_counter() - t0
+    ch = out["choices"]
+    lens = [len(c["token_ids"]) for c in ch]
+    lps = [x for c in ch for x in c["logprobs"]["token_logprobs"]]
+    ok = len(ch) == n and lens == [mt] * n and len(lps) == n * mt and all(math.isfinite(x) and x <= 0 for x in lps)
+    if not ok:
+        raise AssertionError(f"unexpected HTTP answer: {len(ch)} choices, lengths {lens}, {len(lps)} logprobs")
+    return {"choices": n, "tokens_each": mt, "seconds": round(dt, 3), "ok": ok}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,6 +446,12 @@ def _cumsum(xs: list[int]) -> Iterator[int]:
 # ---------------------------------------------------------------------------------------------
 
 
+CPU_SMOKE = dict(
+    model_dir="/tmp/sandgym-qwen2-smoke", size="tiny", vocab=400, prompts=2, group=2, prompt_len=12,
+    max_tokens=16, check_seqs=2, attn_seqs=4, reps=1, micro_batch_tokens=64,
+)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
@@ -454,7 +465,6 @@ def main() -> None:
     ap.add_argument("--gpu-mem", type=float, default=0.3)
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--max-num-seqs", type=int, default=512)
-    ap.add_argument("--detokenize", action="store_true", help="also detokenize (vLLM's default; the trainer needs no text)")
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--micro-batch-tokens", type=int, default=16384)
     ap.add_argument("--check-seqs", type=int, default=16)
@@ -462,6 +472,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny model on CPU, no vLLM: checks the other sections here")
+    if "--cpu-smoke" in sys.argv[1:]:  # small defaults (flags given still win): minutes, not hours, on CPU
+        ap.set_defaults(**CPU_SMOKE)
     a = ap.parse_args()
     if a.cpu_smoke:
         global DEV
@@ -472,6 +484,14 @@ def main() -> None:
     R["args"] = vars(a)
     R["date_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     torch.manual_seed(0)
+    vb: Any = None
+    if not a.skip_vllm:  # first, so a bad PYTHONPATH costs seconds of device time, not minutes
+        try:
+            vb = require_train_backend()  # exits loudly: the vLLM section must run the trainer's code
+        except SystemExit as e:
+            R["errors"]["import sandgym.train"] = str(e)
+            _finish(out)
+            raise
 
     with section("environment"):
         env_info()
@@ -484,18 +504,21 @@ def main() -> None:
     prompts = make_prompts(tok, a.prompts, a.prompt_len)
     vocab = int(R["model"]["model_vocab"])
 
-    llm = None
+    backend = None  # the trainer's VLLMBackend (sandgym/train/backends/vllm.py)
     rows: list[dict[str, Any]] = []
     if not a.skip_vllm:
-        with section("vllm engine"):
-            llm = start_engine(model_dir, a)
-        if llm is not None:
-            with section("vllm generation"):
-                vllm_generate(llm, prompts[:4], a, 2)  # warm-up (sampler, graphs for small batches)
-                rows, dt = vllm_generate(llm, prompts, a, a.group)
+        with section("vllm engine (VLLMBackend.start)"):
+            backend = start_backend(vb, model_dir, tok, a)
+        if backend is not None:
+            with section("vllm generation (VLLMEngine.generate)"):
+                backend_generate(backend, prompts[:4], a, 2)  # warm-up (sampler, graphs for small batches)
+                rows, dt = backend_generate(backend, prompts, a, a.group)
                 ntok = sum(len(r["completion"]) for r in rows)
                 R["vllm_gen"] = {"seconds": round(dt, 2), "tokens": ntok, "tokens_per_s": round(ntok / dt, 1), "sequences": len(rows)}
                 log("vllm generation:", R["vllm_gen"])
+            with section("vllm HTTP front (/v1/completions)"):
+                R["vllm_http"] = http_check(backend, prompts[0], a)
+                log("vllm http:", R["vllm_http"])
 
     # The training batch: completions cut at random lengths (as EOS would).
     if rows:
@@ -508,7 +531,7 @@ def main() -> None:
         for i, L in enumerate(cut):
             rows.append({"prompt_index": i // a.group, "prompt": prompts[i // a.group], "completion": torch.randint(3, vocab, (L,), generator=g).tolist(), "logprobs": [0.0] * L})
     check = [(r["prompt"], r["completion"]) for r in rows[: a.check_seqs]]
-    pre_engine = [r["logprobs"] for r in rows[: a.check_seqs]] if llm is not None else None
+    pre_engine = [r["logprobs"] for r in rows[: a.check_seqs]] if backend is not None else None
 
     from transformers import AutoModelForCausalLM
 
@@ -517,15 +540,15 @@ def main() -> None:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(DEV)  # fp32 master weights
         log("trainer model loaded (float32 master weights, bf16 autocast)")
 
-    if llm is not None:
-        with section("sleep"):
+    if backend is not None:
+        with section("sleep (VLLMBackend.sleep)"):
             torch.cuda.empty_cache()
             f0 = free_gib()
             t0 = time.perf_counter()
-            llm.sleep(level=1)
+            backend.sleep()
             t_sleep = time.perf_counter() - t0
             f1 = free_gib()
-            R["sleep"] = {"free_before_gib": round(f0, 2), "free_asleep_gib": round(f1, 2), "freed_gib": round(f1 - f0, 2), "sleep_s": round(t_sleep, 2)}
+            R["sleep"] = {"free_before_gib": round(f0, 2), "free_asleep_gib": round(f1, 2), "freed_gib": round(f1 - f0, 2), "sleep_s": round(t_sleep, 2), "asleep": backend.asleep}
             log("sleep:", R["sleep"])
 
     if model is not None:
@@ -534,27 +557,31 @@ def main() -> None:
                 R["train_step"] = trainer_step(model, rows, a, vocab)
                 R["train_step"]["backend"] = "sandgym.train.policy.PolicyTrainer"
             except ImportError as e:
+                if backend is not None:
+                    raise  # with vLLM on, sandgym.train was imported above: this is a real failure
                 log(f"sandgym.train not importable ({e}); plain AdamW step instead")
                 R["train_step"] = _plain_step(model, rows, a) | {"backend": f"plain torch AdamW (sandgym.train import failed: {e})"}
             log("train step:", R["train_step"])
 
-    if llm is not None:
-        with section("wake + in-place weight load"):
+    if backend is not None:
+        with section("wake + in-place weight load (VLLMBackend.wake, update_weights)"):
             torch.cuda.empty_cache()
             f2 = free_gib()
             t0 = time.perf_counter()
-            llm.wake_up()
+            backend.wake()
             t_wake = time.perf_counter() - t0
             f3 = free_gib()
-            R["wake"] = {"free_before_wake_gib": round(f2, 2), "free_awake_gib": round(f3, 2), "restored_gib": round(f2 - f3, 2), "wake_s": round(t_wake, 2)}
+            R["wake"] = {"free_before_wake_gib": round(f2, 2), "free_awake_gib": round(f3, 2), "restored_gib": round(f2 - f3, 2), "wake_s": round(t_wake, 2), "asleep": backend.asleep}
             log("wake:", R["wake"])
             if model is not None:
-                R["weight_load_s"] = round(load_into_engine(llm, model), 3)
-                log(f"weights loaded into the engine in {R['weight_load_s']}s")
+                backend.update_weights(model)
+                R["weight_update"] = dict(backend.last_update)
+                R["weight_load_s"] = round(backend.last_update["seconds"], 3)
+                log(f"weights loaded into the engine: {R['weight_update']}")
 
-        if model is not None:
-            with section("logprob agreement after update"):
-                eng = engine_logprobs(llm, check)
+        if model is not None and "weight_update" in R:
+            with section("logprob agreement after update (VLLMEngine.logprobs_of)"):
+                eng = backend.engine.logprobs_of(check)
                 trn = trainer_recompute(model, check)
                 diffs = [abs(x - y) for e, t in zip(eng, trn) for x, y in zip(e, t)]
                 shift = [abs(x - y) for e, t in zip(pre_engine or [], trn) for x, y in zip(e, t)]
@@ -570,16 +597,20 @@ def main() -> None:
                     "update_shift_max_abs": max(shift) if shift else None,
                 }
                 log("logprob check:", R["logprob_check"])
+                if not R["logprob_check"]["pass"]:
+                    raise AssertionError(f"engine vs trainer logprobs outside tolerance: {R['logprob_check']}")
 
         with section("vllm generation after update"):
-            _, dt = vllm_generate(llm, prompts, a, a.group)
+            _, dt = backend_generate(backend, prompts, a, a.group)
             ntok = a.prompts * a.group * a.max_tokens
             R["vllm_gen_after_update"] = {"seconds": round(dt, 2), "tokens_per_s": round(ntok / dt, 1)}
             log("vllm generation after update:", R["vllm_gen_after_update"])
-        with section("release engine"):
-            llm.sleep(level=1)
-            del llm
-            torch.cuda.empty_cache()
+        with section("release engine (VLLMBackend.close)"):
+            f4 = free_gib()
+            backend.close()
+            backend = None
+            R["close"] = {"freed_gib": round(free_gib() - f4, 2)}
+            log("close:", R["close"])
 
     if model is not None:
         with section("transformers backend generation"):
@@ -661,11 +692,17 @@ def _finish(out: Path) -> None:
         add("HF backend gen tok/s", f"{g['tokens_per_s']} ({g['tokens']} tok, {g['seconds']}s)")
         add("vLLM / HF", g.get("vllm_over_hf"))
     if "sleep" in R:
-        add("sleep(level=1) frees", f"{R['sleep']['freed_gib']} GiB in {R['sleep']['sleep_s']}s")
+        add("backend.sleep() frees", f"{R['sleep']['freed_gib']} GiB in {R['sleep']['sleep_s']}s")
     if "wake" in R:
-        add("wake_up re-takes", f"{R['wake']['restored_gib']} GiB in {R['wake']['wake_s']}s")
-    if "weight_load_s" in R:
-        add("in-place weight load", f"{R['weight_load_s']}s")
+        add("backend.wake() re-takes", f"{R['wake']['restored_gib']} GiB in {R['wake']['wake_s']}s")
+    if "vllm_http" in R:
+        h = R["vllm_http"]
+        add("VLLMBackend HTTP front", f"/v1/completions n={h['choices']} x {h['tokens_each']} tok in {h['seconds']}s, ok={h['ok']}")
+    if "weight_update" in R:
+        u = R["weight_update"]
+        add("update_weights (in place)", f"{R['weight_load_s']}s, {u['engine_params_loaded']} engine params from {u['trainer_tensors']} trainer tensors, prefix cache reset={u['prefix_cache_reset']}")
+    if "close" in R:
+        add("close() frees", f"{R['close']['freed_gib']} GiB")
     if "train_step" in R:
         t = R["train_step"]
         add("trainer step", f"{t.get('train_s', 0):.2f}s, {t.get('train_tokens_per_s', 0):.0f} tok/s, kernel {t.get('kernel')}")
@@ -693,3 +730,4 @@ def _finish(out: Path) -> None:
 
 if __name__ == "__main__":
     main()
+    sys.exit(1 if R["errors"] else 0)
