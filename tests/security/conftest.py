@@ -120,14 +120,3 @@ def host_pids_with(marker: str) -> list[int]:
         except OSError:
             continue
     return found
-
-
-def wait_until(pred, timeout: float = 30.0, interval: float = 0.2) -> bool:  # noqa: ANN001
-    """Poll `pred` until true or `timeout`: teardown is asynchronous (auto-removal)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if pred():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)

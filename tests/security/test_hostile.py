@@ -12,7 +12,6 @@ isolation), prime (our `sandgym serve` on 127.0.0.1 in front of docker).
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 import tempfile
 import time
@@ -23,12 +22,12 @@ import anyio
 import pytest
 
 from sandgym.sandboxes import Provider, SandboxSpec, get_provider
-from sandgym.sandboxes.errors import SandboxError, SandboxGoneError
+from sandgym.sandboxes.errors import SandboxGoneError
 from sandgym.sandboxes.ownership import owner_labels
 from tests.conftest import docker_ready, require_docker
 
 from .conftest import HostWitness, host_pids_with
-from .corpus import CORPUS, DISK_MB, ESCAPED, MEMORY_MB, OUTPUT_LIMIT, PIDS, Hostile
+from .corpus import CORPUS, DISK_MB, MEMORY_MB, OUTPUT_LIMIT, PIDS, Hostile
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -195,7 +194,6 @@ async def test_hostile_program_is_contained(
         with anyio.CancelScope(shield=True):
             await nxt.close()
     assert await _eventually(lambda: _gone(iso_provider, nxt.id, labels))
-    assert ESCAPED  # the corpus's sentinel is what every forbidden check looks for
 
 
 def test_corpus_is_well_formed() -> None:
