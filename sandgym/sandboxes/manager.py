@@ -148,6 +148,7 @@ class SandboxManager:
         self._tg: TaskGroup | None = None
         self._closed = False
         self._recycling: set[str] = set()  # ids being destroyed in the background
+        self._wakeup = anyio.Event()  # set (and replaced) when a slot or an idle sandbox frees up
         self.stats = {"created": 0, "destroyed": 0, "create_failures": 0, "pool_hits": 0, "reused": 0}
 
     # ---- lifecycle -------------------------------------------------------------------
@@ -212,19 +213,23 @@ class SandboxManager:
         spec = spec or SandboxSpec()
         self.provider.check(spec)  # bad specs fail here, before any container is made
         key = spec.key()
-        while self._idle[key]:
-            sb = self._idle[key].popleft()
-            self.stats["pool_hits"] += 1
-            self._refill_soon(key)
-            try:
-                return await self._hand_out(sb)
-            except HookError as exc:  # that warm one is gone; try the next or make one
-                log.warning("%s; destroyed %s", exc, sb.id)
-        await self._take_slot()
+        while True:
+            while self._idle[key]:
+                sb = self._idle[key].popleft()
+                self.stats["pool_hits"] += 1
+                self._refill_soon(key)
+                try:
+                    return await self._hand_out(sb)
+                except HookError as exc:  # that warm one is gone; try the next or make one
+                    log.warning("%s; destroyed %s", exc, sb.id)
+            if await self._take_slot(key):
+                break
+            # else a sandbox of this spec came back to the pool (reuse) or got warm: take it
         try:
             sb = await self._create(spec)
         except BaseException:
             self._slots.release()
+            self._notify()
             raise
         # From here the slot belongs to `sb` and is freed by _destroy.
         try:
@@ -262,6 +267,7 @@ class SandboxManager:
                 if clean and not self._closed:
                     self.stats["reused"] += 1
                     self._idle[sb.spec.key()].append(sb)
+                    self._notify()
                     return
             if self._tg is not None and not self._closed and (reuse or self.background_recycle):
                 self._recycling.add(sb.id)
@@ -288,19 +294,28 @@ class SandboxManager:
         sb.leased = True
         return sb
 
-    async def _take_slot(self) -> None:
-        """Wait for a slot; if every slot is held and some are idle warm sandboxes of other
-        specs, evict one rather than wait forever."""
+    def _notify(self) -> None:
+        """A slot was freed or a sandbox became idle: wake the callers waiting in acquire."""
+        self._wakeup.set()
+        self._wakeup = anyio.Event()
+
+    async def _take_slot(self, key: str | None = None) -> bool:
+        """Wait for a slot (True), or until an idle sandbox of `key` is there to take
+        (False: pooled ones hold slots, so a reused sandbox must wake the waiters too); if
+        every slot is held and some are idle warm sandboxes of other specs, evict one rather
+        than wait forever."""
         while True:
+            if key is not None and self._idle[key]:
+                return False
             try:
                 self._slots.acquire_nowait()
-                return
+                return True
             except anyio.WouldBlock:
                 pass
-            victim = next((q[0] for q in self._idle.values() if q), None)
+            victim = next((q[0] for k, q in self._idle.items() if q and k != key), None)
             if victim is None:
-                await self._slots.acquire()
-                return
+                await self._wakeup.wait()
+                continue
             self._idle[victim.spec.key()].popleft()
             with anyio.CancelScope(shield=True):
                 await self._destroy(victim)
@@ -358,16 +373,22 @@ class SandboxManager:
             # A hook failure inside _create destroys before the caller releases the slot.
             if not slot_already_counted:
                 self._slots.release()
+                self._notify()
 
     # ---- warm pools ------------------------------------------------------------------
 
-    async def warm(self, spec: SandboxSpec | None = None, n: int = 1) -> None:
-        """Keep `n` ready sandboxes of `spec` (capped at max_sandboxes); waits until made.
-        Handed-out warm sandboxes are replaced in the background while inside `async with`."""
+    async def warm(self, spec: SandboxSpec | None = None, n: int = 1, *, wait: bool = True) -> None:
+        """Keep `n` ready sandboxes of `spec` (capped at max_sandboxes); waits until made
+        (with `wait=False` inside `async with`, they are made in the background, so work can
+        start with the first). Handed-out warm sandboxes are replaced in the background while
+        inside `async with`."""
         spec = spec or SandboxSpec()
         self.provider.check(spec)
         n = max(0, min(n, self.max_sandboxes))
         self._pool_target[spec.key()] = (spec, n)
+        if not wait and self._tg is not None:
+            self._tg.start_soon(self._fill, spec.key())
+            return
         await self._fill(spec.key())
 
     async def _fill(self, key: str) -> None:
@@ -389,6 +410,7 @@ class SandboxManager:
                 sb = await self._create(spec)
             except BaseException as exc:
                 self._slots.release()
+                self._notify()
                 if not isinstance(exc, Exception):
                     raise
                 log.warning("warm pool create failed: %r", exc)
@@ -398,6 +420,7 @@ class SandboxManager:
                     await self._destroy(sb)
             else:
                 self._idle[key].append(sb)
+                self._notify()
 
         async with anyio.create_task_group() as tg:
             for _ in range(missing):

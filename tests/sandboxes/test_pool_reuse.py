@@ -126,3 +126,27 @@ async def test_exec_batcher_gathers_concurrent_jobs(provider_name: str) -> None:
     assert sum(batcher.batches[:-1]) == 12 and max(batcher.batches) <= 5
     assert len(batcher.batches) < 13  # gathered, not one sandbox per job
     assert await _ids_of_run(provider_name, run) == set()
+
+
+@pytest.mark.docker
+async def test_waiters_get_a_reused_sandbox_at_the_cap() -> None:
+    # Every slot is held by the pool: a caller waiting for one must be woken when a sandbox
+    # comes back reset (it holds its slot), not wait for a slot that never frees.
+    require_docker()
+    used: list[str] = []
+    async with SandboxManager("docker", max_sandboxes=2) as mgr:
+        await mgr.warm(SPEC, 2, wait=False)  # made in the background, racing the callers
+
+        async def user(i: int) -> None:
+            async with mgr.sandbox(SPEC, reuse=True) as sb:
+                used.append(sb.id)
+                await sb.exec(f"echo {i} > /workspace/mine && sleep 0.2")
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                for i in range(6):
+                    tg.start_soon(user, i)
+        assert len(used) == 6 and len(set(used)) <= 2
+        assert mgr.stats["created"] == 2 and mgr.stats["reused"] >= 4
+        run = mgr.run_id
+    assert await _ids_of_run("docker", run) == set()
