@@ -2,7 +2,14 @@
 
 Two variants:
 - single-turn (default): the model answers with a fenced Python block; the code runs with
-  the problem's `test` and `check(entry_point)` in a fresh sandbox; reward 1 when it exits 0.
+  the problem's `test` and `check(entry_point)` in a sandbox; reward 1 when it exits 0. The
+  test run is the only thing in the sandbox, so sandboxes are reused across rollouts
+  (`reuse_sandboxes`, default on): reset between users (no processes left, empty workdir
+  and /tmp) where the provider can (docker with its agent), otherwise destroyed in the
+  background. The warm pool is sized to what scoring can use at once (`scoring_pool_size`),
+  not to the number of rollouts in flight. `batch_scoring=True` gathers the test runs of
+  rollouts scored together into one `exec_many` round trip per sandbox (jobs then share a
+  sandbox at the same time, hence off by default).
 - tools (`tools=True`): a PythonEnv; the model may run code in a persistent REPL in its
   sandbox, then answers with a fenced block, scored the same way in that sandbox.
 
@@ -12,7 +19,10 @@ solution and the tests through the `python` tool, like a model would.
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from sandgym.core.environment import SingleTurnEnv
@@ -21,7 +31,8 @@ from sandgym.core.rubric import Rubric
 from sandgym.core.sandbox_env import PythonEnv, checked_exec
 from sandgym.core.state import Message, State
 from sandgym.core.tools import tool_call
-from sandgym.sandboxes.spec import SandboxSpec
+from sandgym.sandboxes.base import ExecJob
+from sandgym.sandboxes.spec import SandboxSpec, host_cpus
 
 SYSTEM_PROMPT = (
     "Complete the Python function. Reply with the full function (imports included) in a single "
@@ -67,19 +78,38 @@ def program(code: str, info: dict[str, Any]) -> str:
     return body + "\n\n" + info["test"] + f"\n\ncheck({entry})\n"
 
 
-async def run_tests(code: str | None, info: dict[str, Any], sandbox: Any = None, sandboxes: Any = None, spec: SandboxSpec | None = None) -> bool:
-    """True when the code passes the problem's tests, run in `sandbox` or a fresh one."""
+async def run_tests(
+    code: str | None,
+    info: dict[str, Any],
+    sandbox: Any = None,
+    sandboxes: Any = None,
+    spec: SandboxSpec | None = None,
+    *,
+    reuse: bool = False,
+    batcher: Any = None,
+) -> bool:
+    """True when the code passes the problem's tests, run in `sandbox`, through `batcher`
+    (an ExecBatcher), or in a sandbox from `sandboxes` (reset and pooled after, with `reuse`)."""
     if not code:
         return False
     src = program(code, info)
     if sandbox is not None:
         r = await checked_exec(sandbox, ["python3", "-"], timeout=TEST_TIMEOUT_S, stdin=src)
         return r.exit_code == 0 and not r.timed_out
+    if batcher is not None:
+        r = await batcher.run(ExecJob(["python3", "-"], timeout=TEST_TIMEOUT_S, stdin=src))
+        return r.exit_code == 0 and not r.timed_out
     if sandboxes is None:
         raise RuntimeError("no sandbox to run the tests in")
-    async with sandboxes.sandbox(spec) as sb:
+    async with sandboxes.sandbox(spec, reuse=reuse) as sb:
         r = await checked_exec(sb, ["python3", "-"], timeout=TEST_TIMEOUT_S, stdin=src)
     return r.exit_code == 0 and not r.timed_out
+
+
+def scoring_pool_size(concurrency: int, spec: SandboxSpec) -> int:
+    """Sandboxes that single-turn scoring can keep busy at once: one per rollout in flight,
+    but no more than the host's CPUs can run at `spec.cpu` each (tests are CPU-bound)."""
+    return max(1, min(concurrency, math.ceil(host_cpus() / spec.cpu)))
 
 
 def fenced(code: str) -> str:
@@ -87,8 +117,40 @@ def fenced(code: str) -> str:
 
 
 class HumanEvalEnv(SingleTurnEnv):
+    batch_max = 8
+
     async def oracle_response(self, messages: list[Message], state: State) -> Message:
         return {"role": "assistant", "content": "Here is the completed function:\n\n" + fenced(str(state.answer))}
+
+    @asynccontextmanager
+    async def sandbox_session(
+        self, provider: Any = "docker", *, max_sandboxes: int = 8, warm: int = 0, manager: Any = None
+    ) -> AsyncIterator[Any]:
+        """Sandboxes serve only the scoring: size the pool (and the cap) by what scoring can
+        use at once, so an eval with many rollouts in flight does not first start as many
+        containers. With batch scoring a batch holds one sandbox, so fewer are needed."""
+        spec = self.sandbox_spec
+        if manager is None and spec is not None:
+            # One more for batches: one gathers and runs while the previous one still runs.
+            cap = min(max_sandboxes, scoring_pool_size(max_sandboxes, spec) + int(self.batch_scoring))
+            max_sandboxes = cap
+            warm = min(warm, cap)
+        # The pool fills in the background: scoring starts with the first ready sandbox.
+        async with super().sandbox_session(provider, max_sandboxes=max_sandboxes, warm=0, manager=manager) as mgr:
+            if mgr is not None and manager is None and spec is not None and warm > 0:
+                await mgr.warm(spec, warm, wait=False)
+            self.batcher = None
+            if mgr is not None and self.batch_scoring and spec is not None:
+                from sandgym.sandboxes.batching import ExecBatcher
+
+                self.batcher = ExecBatcher(mgr, spec, max_batch=self.batch_max, reuse=self.reuse_sandboxes)
+            try:
+                yield mgr
+            finally:
+                self.batcher = None
+
+    def scoring_args(self, state: State) -> dict[str, Any]:
+        return {**super().scoring_args(state), "batcher": getattr(self, "batcher", None)}
 
 
 class HumanEvalToolsEnv(PythonEnv):
@@ -109,6 +171,8 @@ def load_environment(
     num_examples: int | None = None,
     sandbox_spec: SandboxSpec | None = None,
     max_turns: int = 8,
+    reuse_sandboxes: bool = True,
+    batch_scoring: bool = False,
     **kwargs: Any,
 ) -> SingleTurnEnv | PythonEnv:
     rows = load_rows()
@@ -116,10 +180,18 @@ def load_environment(
         rows = rows[:num_examples]
     # Tests are tiny: half a core and 256 MiB keep several sandboxes going on a small host.
     spec = sandbox_spec or SandboxSpec(cpu=0.5, memory_mb=512, disk_mb=64, exec_timeout_s=60)
+    if batch_scoring and sandbox_spec is None:
+        # A batch runs its jobs side by side in one sandbox: give it the CPUs of the sandboxes
+        # it stands for (the agent runs as many jobs at once as the CPU quota allows).
+        spec = spec.model_copy(update={"cpu": min(float(host_cpus()), spec.cpu * HumanEvalEnv.batch_max)})
     parser = CodeBlockParser("python")
 
-    async def passes_tests(completion: list[Message], info: dict[str, Any], sandbox: Any = None, sandboxes: Any = None) -> float:
-        return 1.0 if await run_tests(parser.parse_answer(completion), info, sandbox, sandboxes, spec) else 0.0
+    async def passes_tests(
+        completion: list[Message], info: dict[str, Any], sandbox: Any = None, sandboxes: Any = None, batcher: Any = None
+    ) -> float:
+        code = parser.parse_answer(completion)
+        ok = await run_tests(code, info, sandbox, sandboxes, spec, reuse=reuse_sandboxes, batcher=batcher)
+        return 1.0 if ok else 0.0
 
     def has_code_block(completion: list[Message]) -> float:
         return 1.0 if parser.parse_answer(completion) else 0.0
@@ -136,4 +208,8 @@ def load_environment(
             name="humaneval_tools",
             **kwargs,
         )
-    return HumanEvalEnv(eval_dataset=rows, system_prompt=SYSTEM_PROMPT, parser=parser, rubric=rubric, sandbox_spec=spec, name="humaneval", **kwargs)
+    env = HumanEvalEnv(eval_dataset=rows, system_prompt=SYSTEM_PROMPT, parser=parser, rubric=rubric, sandbox_spec=spec, name="humaneval", **kwargs)
+    env.reuse_sandboxes = reuse_sandboxes
+    env.batch_scoring = batch_scoring
+    env.batcher = None
+    return env

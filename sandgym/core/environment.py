@@ -170,7 +170,8 @@ class Environment:
             return
         from sandgym.sandboxes.manager import SandboxManager
 
-        async with SandboxManager(provider, max_sandboxes=max_sandboxes) as mgr:
+        # Sandboxes not kept for reuse are destroyed off the rollout's path.
+        async with SandboxManager(provider, max_sandboxes=max_sandboxes, background_recycle=True) as mgr:
             self.bind_sandboxes(mgr)
             try:
                 if warm > 0:

@@ -65,10 +65,15 @@ class SandboxEnv(StatefulToolEnv):
         sandbox_spec: SandboxSpec | None = None,
         command_timeout_s: float = 30.0,
         lazy_sandbox: bool = True,
+        reuse_sandboxes: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, sandbox_spec=sandbox_spec or SandboxSpec(), **kwargs)
         self.command_timeout_s = command_timeout_s
+        # Reuse: a rollout's sandbox goes back to the warm pool after a reset (no processes
+        # left, empty workdir and /tmp) where the provider can reset; only for environments
+        # whose setup_sandbox leaves nothing a reset would not restore.
+        self.reuse_sandboxes = reuse_sandboxes
         # Lazy: the sandbox is made at the first tool call, so a rollout that never uses a
         # tool costs no sandbox.
         self.lazy_sandbox = lazy_sandbox
@@ -106,7 +111,7 @@ class SandboxEnv(StatefulToolEnv):
     async def release_sandbox(self, state: State) -> None:
         sb = state.scratch.pop("sandbox", None)
         if sb is not None and self.sandboxes is not None:
-            await self.sandboxes.release(sb)
+            await self.sandboxes.release(sb, reuse=self.reuse_sandboxes and not state.error)
 
     async def bash(self, command: str, sandbox: Any) -> str:
         """Run a bash command in the sandbox and return its output.
