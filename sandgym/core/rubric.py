@@ -73,7 +73,9 @@ class Rubric:
 
     async def score_rollout(self, state: State, extra: Mapping[str, Any] | None = None) -> State:
         """Set `state.reward` (weighted sum) and `state.metrics` (every function's value).
-        A reward function that raises scores 0 and is named in `state.metrics` as an error."""
+        A reward function that raises scores 0, is named in `state.metrics` as an error, and
+        marks the rollout (`state.error`): a crash while scoring (a sandbox lost mid-test, say)
+        is not a legitimate 0 and must show in the run's error count."""
         t0 = time.perf_counter()
         args = self.available(state, extra)
         total = 0.0
@@ -84,6 +86,7 @@ class Rubric:
             except Exception as exc:
                 log.warning("reward function %s failed: %r", name, exc)
                 state.metrics[f"{name}_error"] = 1.0
+                state.error = state.error or f"scoring: {name} failed: {exc!r}"
                 value = 0.0
             state.metrics[name] = value
             total += weight * value

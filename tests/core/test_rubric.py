@@ -52,12 +52,13 @@ async def test_reward_functions_get_only_the_arguments_they_name_sync_and_async(
     assert {"prompt", "completion", "answer", "state", "info", "task", "parser", "sandbox"} <= seen["takes_kwargs"]
 
 
-async def test_failing_reward_function_scores_zero_and_is_flagged() -> None:
+async def test_failing_reward_function_scores_zero_and_marks_the_rollout() -> None:
     def boom(completion):
         raise RuntimeError("nope")
 
     s = await Rubric([boom]).score_rollout(make_state("x"))
     assert s.reward == 0.0 and s.metrics["boom_error"] == 1.0
+    assert s.error is not None and "boom" in s.error and "nope" in s.error
 
 
 async def test_group_rewards_and_advantages() -> None:
