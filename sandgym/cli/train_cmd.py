@@ -67,3 +67,8 @@ def register(app: typer.Typer) -> None:
                 f"metrics {trainer.metrics_path}; plot {trainer.plot_path if cfg.output.plot else '(off)'}; "
                 f"checkpoint {trainer.latest_checkpoint()}"
             )
+        else:  # resumed a run that had already reached its last step
+            console.print(
+                f"nothing to do: {trainer.out} is already at step {trainer.step} of {cfg.optim.steps} "
+                "(pass --no-resume to start fresh, or --steps to train further)"
+            )
