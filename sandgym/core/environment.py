@@ -367,6 +367,7 @@ class MultiTurnEnv(Environment):
 
     async def run_turns(self, client: ModelClient, model: str, state: State, sampling_args: Mapping[str, Any]) -> None:
         messages: list[Message] = list(state.prompt)
+        state.tools = self.tools_for(state)
         while True:
             t0 = time.perf_counter()
             resp = await self.get_model_response(client, model, messages, state, sampling_args)

@@ -62,6 +62,9 @@ class State(BaseModel):
     example_id: int = 0
     rollout_index: int = 0
     prompt: list[Message] = Field(default_factory=list)
+    # The tool schemas offered to the model (rendered into its prompt by the chat template):
+    # with `prompt` and `turns`, what rebuilds the token sequence from text (`sandgym sft`).
+    tools: list[dict[str, Any]] | None = None
     answer: Any = None
     info: dict[str, Any] = Field(default_factory=dict)
     turns: list[Turn] = Field(default_factory=list)

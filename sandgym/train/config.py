@@ -40,6 +40,9 @@ class ModelConfig(_Strict):
     attention: Literal["auto", "flash_attn", "torch_varlen", "sdpa"] = "auto"
     gradient_checkpointing: bool = False
     logprob_chunk_size: int = Field(1024, gt=0)
+    # Start from another run's weights (e.g. `sandgym sft`'s): a checkpoint folder or a run
+    # folder (its newest checkpoint). Same architecture required; a resumed run ignores it.
+    init_from: str | None = None
 
 
 class BackendConfig(_Strict):
@@ -91,6 +94,10 @@ class EnvConfig(_Strict):
     use_env_advantages: bool = False  # else recompute from rewards with [loss] options
     provider: str = "docker"  # sandbox provider for sandgym environments (docker, local, prime)
     max_sandboxes: int = Field(8, gt=0)
+    # Sandboxes made ready when a step's rollouts start; with an environment that reuses
+    # sandboxes (reset between rollouts, where the provider can) they are handed from rollout
+    # to rollout instead of made anew each time.
+    warm_sandboxes: int = Field(0, ge=0)
     # Turn i's prompt was sent as token ids extending turn i-1 (token-in, core/tokens.py),
     # where the server allows it; off: every turn is sent as messages and rendered by the server.
     token_in: bool = True
@@ -232,7 +239,14 @@ class TrainConfig(_Strict):
         base = p.resolve().parent
         if not Path(cfg.output.dir).is_absolute():
             cfg.output.dir = str((base / cfg.output.dir).resolve())
-        mp = cfg.model.name_or_path
-        if mp != "tiny" and (mp.startswith(".") or "/" not in mp) and (base / mp).exists():
-            cfg.model.name_or_path = str(base / mp)
+        resolve_model_paths(cfg.model, base)
         return cfg
+
+
+def resolve_model_paths(model: ModelConfig, base: Path) -> None:
+    """Relative model folders and `init_from` are relative to the config file's folder."""
+    mp = model.name_or_path
+    if mp != "tiny" and (mp.startswith(".") or "/" not in mp) and (base / mp).exists():
+        model.name_or_path = str(base / mp)
+    if model.init_from is not None and not Path(model.init_from).is_absolute():
+        model.init_from = str((base / model.init_from).resolve())

@@ -22,7 +22,13 @@ from sandgym.errors import UserError
 
 class EnvRolloutSource:
     def __init__(
-        self, name: str, args: dict[str, Any], provider: str = "docker", max_sandboxes: int = 8, token_in: bool = True
+        self,
+        name: str,
+        args: dict[str, Any],
+        provider: str = "docker",
+        max_sandboxes: int = 8,
+        token_in: bool = True,
+        warm_sandboxes: int = 0,
     ) -> None:
         from sandgym import envs
 
@@ -31,6 +37,7 @@ class EnvRolloutSource:
         self.provider = provider
         self.max_sandboxes = max_sandboxes
         self.token_in = token_in
+        self.warm_sandboxes = min(warm_sandboxes, max_sandboxes)
         self.rows = self.env.rows(None, split="train")
         if not self.rows:
             raise UserError(f"environment {name!r} has no training rows")
@@ -57,7 +64,7 @@ class EnvRolloutSource:
             if self._in_session:
                 states = await go()
             else:
-                async with self.env.sandbox_session(self.provider, max_sandboxes=self.max_sandboxes):
+                async with self.env.sandbox_session(self.provider, max_sandboxes=self.max_sandboxes, warm=self.warm_sandboxes):
                     states = await go()
         finally:
             await client.aclose()
@@ -65,7 +72,7 @@ class EnvRolloutSource:
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[None]:
-        async with self.env.sandbox_session(self.provider, max_sandboxes=self.max_sandboxes):
+        async with self.env.sandbox_session(self.provider, max_sandboxes=self.max_sandboxes, warm=self.warm_sandboxes):
             self._in_session = True
             try:
                 yield

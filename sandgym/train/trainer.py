@@ -113,7 +113,12 @@ def make_rollout_source(cfg: TrainConfig) -> RolloutSource:
     from sandgym.train.env_source import EnvRolloutSource
 
     return EnvRolloutSource(
-        cfg.env.name, cfg.env.args, provider=cfg.env.provider, max_sandboxes=cfg.env.max_sandboxes, token_in=cfg.env.token_in
+        cfg.env.name,
+        cfg.env.args,
+        provider=cfg.env.provider,
+        max_sandboxes=cfg.env.max_sandboxes,
+        token_in=cfg.env.token_in,
+        warm_sandboxes=cfg.env.warm_sandboxes,
     )
 
 
@@ -141,6 +146,10 @@ class Trainer:
         random.seed(cfg.optim.seed)
         self.device = rank_device(cfg.model.device, dist)
         model, self.tokenizer = load_model_and_tokenizer(cfg)
+        if cfg.model.init_from:
+            from sandgym.train.checkpoints import load_weights
+
+            load_weights(model, cfg.model.init_from, cfg.model.model_dump(mode="json"))
         self.model = model.to(self.device)
         ref = None
         if cfg.loss.kl_beta > 0:
