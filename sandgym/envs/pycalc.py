@@ -12,9 +12,15 @@ Each task's numbers (`n`: five to nine integers from 10 to 999) are written into
 own sandbox and never shown to the model: no policy can answer without running code there.
 The `python` tool runs `python3 -c CODE` in that sandbox with `n` defined. Questions ask for
 one digit (the last digit of the sum, the largest or the smallest number, or how many numbers
-there are), so a guess is right about one time in ten. Reward 1 when a tool call ran and the
-sandbox agrees with the final answer: the judge recomputes the result from the task's own
-data file in the rollout's sandbox and compares it with the answer fed on stdin.
+there are).
+
+Reward 1 when the exchange is complete and right: a python tool call ran in the sandbox, what
+it printed there (the last tool result) is the task's answer -- the judge recomputes it from the
+task's own data file, in the rollout's sandbox -- and the model then closed with a final answer
+(an assistant message without a tool call). Whether the final answer repeats the number is
+recorded as the `answer_matches` metric, not rewarded: carrying a digit from the tool result
+into the reply takes a copy circuit the tiny CPU models of the learning demonstration do not
+form within its budget, so the reward judges the computation and the protocol, not the copy.
 
 Rows are split once, by seed: `num_eval` held-out tasks for `sandgym eval` and the rest for
 training. The four question texts are shared by both splits; the numbers behind them are not.
@@ -27,6 +33,7 @@ printed.
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any, Literal
 
@@ -46,11 +53,14 @@ QUESTIONS: dict[str, tuple[str, str]] = {
 }
 DATA_FILE = "pycalc_data.py"
 
-# Run in the sandbox by the judge: the kind is argv[1], the answer is stdin; exit 0 when right.
+# Run in the sandbox by the judge on the task's data file: argv[1] is the question kind,
+# stdin holds what the program printed and the final answer (JSON). Prints two bits:
+# printed-is-right, answer-is-right.
 JUDGE = (
-    "import sys; sys.path.insert(0, '.'); from pycalc_data import n; "
-    "want = {'sum': sum(n) % 10, 'max': max(n) % 10, 'min': min(n) % 10, 'len': len(n)}[sys.argv[1]]; "
-    "sys.exit(0 if sys.stdin.read().strip() == str(want) else 1)"
+    "import json, sys; sys.path.insert(0, '.'); from pycalc_data import n; "
+    "want = str({'sum': sum(n) % 10, 'max': max(n) % 10, 'min': min(n) % 10, 'len': len(n)}[sys.argv[1]]); "
+    "got = json.load(sys.stdin); "
+    "print(int(got['printed'].strip() == want), int(got['answer'].strip() == want))"
 )
 
 
@@ -96,15 +106,33 @@ class PyCalcEnv(SandboxEnv):
         return {"role": "assistant", "content": "", "tool_calls": [tool_call("python", {"code": code}, "call_0")]}
 
 
-async def solved(completion: list[Message], state: State, sandbox: Any) -> float:
-    """1.0 when a tool call ran in this rollout's sandbox and the judge, run there on the
-    task's data, agrees with the final answer."""
+async def judge(completion: list[Message], state: State, sandbox: Any) -> tuple[float, float]:
+    """(solved, answer_matches), judged in the rollout's sandbox; (0, 0) when no tool call
+    ran there or the exchange did not end with a final answer. Cached on the state (the
+    reward and the metric share one judge run)."""
+    if "pycalc_judge" in state.scratch:
+        return state.scratch["pycalc_judge"]
+    out = (0.0, 0.0)
     final = completion[-1] if completion else {}
-    answer = last_assistant_text([final]).strip() if final.get("role") == "assistant" and not final.get("tool_calls") else ""
-    if sandbox is None or not answer.isdigit():
-        return 0.0  # no tool call ran, or no numeric final answer: nothing to judge
-    result = await checked_exec(sandbox, ["python3", "-c", JUDGE, state.info["kind"]], timeout=30, stdin=answer)
-    return 1.0 if result.exit_code == 0 else 0.0
+    results = [m for m in completion if m.get("role") == "tool"]
+    closed = final.get("role") == "assistant" and not final.get("tool_calls") and last_assistant_text([final]).strip()
+    if sandbox is not None and results and closed:
+        payload = json.dumps({"printed": str(results[-1].get("content") or ""), "answer": last_assistant_text([final])})
+        r = await checked_exec(sandbox, ["python3", "-c", JUDGE, state.info["kind"]], timeout=30, stdin=payload)
+        bits = r.stdout.split()
+        if r.exit_code != 0 or len(bits) != 2:
+            raise RuntimeError(f"pycalc judge failed (exit {r.exit_code}): {r.stderr[-300:]}")
+        out = (float(bits[0]), float(bits[1]))
+    state.scratch["pycalc_judge"] = out
+    return out
+
+
+async def solved(completion: list[Message], state: State, sandbox: Any) -> float:
+    return (await judge(completion, state, sandbox))[0]
+
+
+async def answer_matches(completion: list[Message], state: State, sandbox: Any) -> float:
+    return (await judge(completion, state, sandbox))[1]
 
 
 def tool_ran(state: State) -> float:
@@ -126,6 +154,7 @@ def load_environment(
     rows = make_rows(num_eval + num_train, seed)
     held_out, train = rows[:num_eval], rows[num_eval:]
     rubric = Rubric(funcs=[solved])
+    rubric.add_metric(answer_matches)
     rubric.add_metric(tool_ran)
     return PyCalcEnv(
         dataset=train,

@@ -1,6 +1,6 @@
 """pycalc: success needs a python tool call run in the rollout's sandbox (the numbers exist only
-there) and a final answer the judge, run in that sandbox, accepts. Local provider (no Docker
-needed); the learning gate runs it on docker too."""
+there) whose printed result the judge, run in that sandbox, accepts, and a final answer after
+it. Local provider (no Docker needed); the learning gate runs it on docker too."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ class Scripted:
 
     name = "scripted"
 
-    def __init__(self, use_tool: bool, answer: str | None = None, code: str | None = None) -> None:
-        self.use_tool, self.answer, self.code = use_tool, answer, code
+    def __init__(self, use_tool: bool, answer: str | None = None, code: str | None = None, calls: int = 1) -> None:
+        self.use_tool, self.answer, self.code, self.calls = use_tool, answer, code, calls
 
     async def chat(
         self,
@@ -37,7 +37,7 @@ class Scripted:
         state: State | None = None,
     ) -> ModelResponse:
         assert state is not None
-        if self.use_tool and messages[-1]["role"] == "user":
+        if self.use_tool and sum(m["role"] == "tool" for m in messages) < self.calls:
             code = self.code or QUESTIONS[state.info["kind"]][1]
             return ModelResponse(message={"role": "assistant", "content": "", "tool_calls": [tool_call("python", {"code": code}, "c0")]})
         return ModelResponse(message={"role": "assistant", "content": self.answer if self.answer is not None else str(state.answer)})
@@ -59,19 +59,20 @@ async def test_oracle_succeeds_through_the_sandbox_and_nothing_else_does() -> No
     assert [s.reward for s in oracle] == [1.0] * 8 and all(s.error is None for s in oracle)
     for s in oracle:
         assert len(s.turns) == 2 and s.turns[0].env_response[0]["content"] == s.answer  # the sandbox computed it
-        assert s.metrics["tool_ran"] == 1.0 and s.tools and s.tools[0]["function"]["name"] == "python"
+        assert s.metrics["tool_ran"] == 1.0 and s.metrics["answer_matches"] == 1.0
+        assert s.tools and s.tools[0]["function"]["name"] == "python"
     # The right answer without running the tool: no sandbox ran anything, no reward.
     cheat = await _run(Scripted(use_tool=False))
     assert [s.reward for s in cheat] == [0.0] * 8 and all(s.sandbox_id is None for s in cheat)
-    # The tool ran but the answer is wrong (or not a number): the judge in the sandbox says no.
+    # The program printed the right value; the final answer says something else: rewarded,
+    # and the mismatch is recorded.
     wrong = await _run(Scripted(use_tool=True, answer="10"))
-    assert [s.reward for s in wrong] == [0.0] * 8 and all(s.metrics["tool_ran"] == 1.0 for s in wrong)
-    junk = await _run(Scripted(use_tool=True, answer="seven"))
-    assert [s.reward for s in junk] == [0.0] * 8
-
-
-async def test_tool_errors_go_back_to_the_model() -> None:
-    states = await _run(Scripted(use_tool=True, code="print(undefined_name)"), n=2)
-    for s in states:
-        assert s.error is None and "NameError" in s.turns[0].env_response[0]["content"]
-        assert s.reward == 1.0  # it still answered correctly (the scripted policy knows the answer)
+    assert [s.reward for s in wrong] == [1.0] * 8 and all(s.metrics["answer_matches"] == 0.0 for s in wrong)
+    # A program that prints something else, or fails: the judge in the sandbox says no.
+    for code in ("print('x')", "print(undefined_name)"):
+        bad = await _run(Scripted(use_tool=True, code=code))
+        assert [s.reward for s in bad] == [0.0] * 8 and all(s.metrics["tool_ran"] == 1.0 for s in bad)
+    assert "NameError" in bad[0].turns[0].env_response[0]["content"]
+    # No final answer: the rollout ends on a tool result at max_turns.
+    endless = await _run(Scripted(use_tool=True, calls=10))
+    assert [s.reward for s in endless] == [0.0] * 8 and all(s.stop_reason == "max_turns_reached" for s in endless)

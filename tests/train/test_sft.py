@@ -142,6 +142,14 @@ def test_sft_learns_and_grpo_starts_from_its_checkpoint(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="model.tiny"):
         Trainer(bad)
 
+    # `sandgym eval --checkpoint` serves the run's policy and evaluates it like any model.
+    proc = _sandgym("eval", "pycalc", "--checkpoint", "sft", "-n", "2", "--provider", "local", "--max-tokens", "96", "--json", "-o", "ev", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.splitlines()[-1])
+    assert summary["num_rollouts"] == 2 and summary["errors"] == 0 and summary["model"] == "sft"
+    recs = [json.loads(x) for x in (tmp_path / "ev" / "results.jsonl").read_text().splitlines()]
+    assert all(r["turns"][0]["tokens"]["completion_ids"] for r in recs)  # records keep ids and text
+
 
 def _sandgym(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
