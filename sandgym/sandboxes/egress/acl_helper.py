@@ -2,7 +2,7 @@
 """squid external ACL helper: the per-sandbox egress decision.
 
 Standard library only: squid runs it as `/usr/bin/python3 -I -S acl_helper.py POLICY_DIR
-HOST_PORTS`, from a copy next to rules.py (which it loads by path). squid identifies the
+HOST_PORTS` (comma-separated, "-" for none), from a copy next to rules.py (which it loads by path). squid identifies the
 sandbox by the connection's source address: the host forwarder connects from a loopback
 address leased to that sandbox alone (127.77.x.y).
 
@@ -74,7 +74,8 @@ def answer(policy_dir, host_ports, line):
 
 def main():
     policy_dir = sys.argv[1]
-    host_ports = [int(p) for p in (sys.argv[2] if len(sys.argv) > 2 else "").split(",") if p.isdigit()]  # "-": none
+    ports = sys.argv[2] if len(sys.argv) > 2 else "-"
+    host_ports = [int(p) for p in ports.split(",") if p.isdigit()]
     for line in sys.stdin:
         reply = answer(policy_dir, host_ports, line)
         if reply is not None:

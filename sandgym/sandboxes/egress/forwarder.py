@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -38,9 +39,14 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 class EgressForwarder:
-    """Unix-socket listeners forwarding to squid; one loop thread for all of them."""
+    """Unix-socket listeners forwarding to squid; one loop thread for all of them.
 
-    def __init__(self) -> None:
+    `proxy_port()` returns the proxy's port, starting it again first if it died (blocking;
+    called on the first connection and whenever connecting to the proxy fails)."""
+
+    def __init__(self, proxy_port: Callable[[], int]) -> None:
+        self._proxy_port = proxy_port
+        self._port: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._servers: dict[str, asyncio.AbstractServer] = {}
@@ -55,14 +61,26 @@ class EgressForwarder:
                 self._loop, self._thread = loop, t
             return self._loop
 
-    def listen(self, sock_path: str | os.PathLike[str], src: str, proxy_port: int) -> None:
-        """Accept on `sock_path` (created, mode 0666) and forward each connection to
-        127.0.0.1:`proxy_port` from `src`. Blocking; call from a worker thread."""
+    def listen(self, sock_path: str | os.PathLike[str], src: str) -> None:
+        """Accept on `sock_path` (created, mode 0666) and forward each connection to the
+        proxy from `src`. Blocking; call from a worker thread."""
         loop = self._ensure_loop()
-        fut = asyncio.run_coroutine_threadsafe(self._listen(str(sock_path), src, proxy_port), loop)
+        fut = asyncio.run_coroutine_threadsafe(self._listen(str(sock_path), src), loop)
         fut.result(timeout=30)
 
-    async def _listen(self, path: str, src: str, port: int) -> None:
+    async def _connect(self, src: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        loop = asyncio.get_running_loop()
+        for attempt in range(2):
+            if self._port is None or attempt:
+                self._port = await loop.run_in_executor(None, self._proxy_port)
+            try:
+                return await asyncio.open_connection("127.0.0.1", self._port, local_addr=(src, 0))
+            except OSError:
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _listen(self, path: str, src: str) -> None:
         limit = asyncio.Semaphore(MAX_CONNECTIONS)
 
         async def handle(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
@@ -71,8 +89,8 @@ class EgressForwarder:
                 return
             async with limit:
                 try:
-                    ur, uw = await asyncio.open_connection("127.0.0.1", port, local_addr=(src, 0))
-                except OSError as exc:
+                    ur, uw = await self._connect(src)
+                except Exception as exc:
                     log.warning("egress: cannot reach the proxy from %s: %r", src, exc)
                     cw.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                     cw.close()

@@ -41,9 +41,11 @@ SQUID_ERRORS = Path("/usr/share/squid/errors/templates")
 # Loopback addresses leased to sandboxes, one each: squid tells them apart by source.
 _POOL = ipaddress.IPv4Network("127.77.0.0/16")
 _START_TIMEOUT_S = 20.0
+# Never reachable through the proxy (squid resolves names itself, so no DNS rebinding).
+# Not ::ffff:0:0/96 or 240/4: squid folds those into "all of IPv4" and would refuse everything.
 _INTERNAL = (
     "127.0.0.0/8 0.0.0.0/8 169.254.0.0/16 10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 "
-    "100.64.0.0/10 224.0.0.0/4 240.0.0.0/4 ::1 ::/128 fe80::/10 fc00::/7 ::ffff:0:0/96"
+    "100.64.0.0/10 224.0.0.0/4 ::1 fe80::/10 fc00::/7"
 )
 
 # The watchdog: runs squid, and ends it when our end of its stdin closes (we exited).
@@ -166,6 +168,12 @@ http_access allow all
             (d / "policies").chmod(0o755)
         return conf
 
+    def ensure(self) -> int:
+        """Start squid when it is not running (again, if it died); its port."""
+        self.start()
+        assert self.port is not None
+        return self.port
+
     def start(self) -> None:
         with self._lock:
             if self.running:
@@ -174,6 +182,8 @@ http_access allow all
             if binary is None:
                 raise SandboxCreateError("egress needs squid (apt-get install squid); it is not installed")
             last = ""
+            if self._proc is not None:
+                log.warning("the egress proxy (squid) died (%s); starting it again", self._failure(self._proc)[-500:])
             for _ in range(3):  # the free port may be taken between the probe and squid's bind
                 port = _free_port()
                 conf = self._prepare(port)

@@ -156,13 +156,13 @@ def decide(
     get = addrs or resolver(host)
     if host == ALIAS:
         if port not in host_ports:
-            return False, f"host port {port} is not exposed to sandboxes (the operator's egress_host_ports)"
+            return False, f"host port {port} is not exposed to sandboxes (egress_host_ports)"
         # "*" does not open host services: they must be named.
         listed = any(r.kind == "alias" and matches(r, host, port, get) for r in allow)
         if not listed:
-            return False, f"{ALIAS}:{port} is not on this sandbox's allow-list"
+            return False, f"{ALIAS}:{port} is not on the allow-list of this sandbox"
     elif not any(matches(r, host, port, get) for r in allow):
-        return False, f"{host}:{port} is not on this sandbox's allow-list"
+        return False, f"{host}:{port} is not on the allow-list of this sandbox"
     if any(matches(r, host, port, get) for r in deny):
-        return False, f"{host}:{port} is on this sandbox's deny-list"
+        return False, f"{host}:{port} is on the deny-list of this sandbox"
     return True, "allowed"

@@ -29,7 +29,8 @@ from ..base import Command, Sandbox, as_bytes, shell_argv
 from ..errors import SandboxCreateError, SandboxError, SandboxFileNotFound, SandboxGoneError
 from ..output import CappedBuffer
 from ..result import ExecResult, SandboxInfo
-from ..spec import SandboxSpec
+from ..errors import SpecError
+from ..spec import EgressPolicy, SandboxSpec
 
 TIMEOUT_EXIT = 124
 _DEADLINE_GRACE_MS = 5000
@@ -103,6 +104,20 @@ class PrimeSandbox(Sandbox):
     def _live(self) -> None:
         if self._closed:
             raise SandboxGoneError(f"sandbox {self.id} is closed")
+
+    async def set_egress(self, policy: EgressPolicy | None) -> None:
+        """Prime's egress policy endpoint (set_network)."""
+        self._live()
+        net = prime_network(policy)
+        allow, deny = net["network_allowlist"], net["network_denylist"]
+        if allow is not None and not allow:  # nothing: Prime's "deny everything"
+            allow, deny = None, ["*"]
+        elif deny is not None and not deny:  # anything
+            allow, deny = ["*"], None
+        try:
+            await self.endpoint.client.set_network(self.id, allow=allow, deny=deny)
+        except Exception as exc:
+            raise SandboxError(f"set_network on {self.id} failed: {exc}") from exc
 
     async def exec(
         self,
@@ -290,7 +305,7 @@ class PrimeProvider:
 
     def check(self, spec: SandboxSpec) -> None:
         # The endpoint validates image, resources and GPUs itself (422 / ERROR) at create.
-        return None
+        prime_network(spec.egress)
 
     def _pick(self) -> _Endpoint:
         n = len(self.endpoints)
@@ -314,6 +329,9 @@ class PrimeProvider:
             timeout_minutes=max(1, math.ceil(spec.ttl_s / 60)) if spec.ttl_s else -1,
             environment_vars=dict(spec.env) or None,
             labels=_labels_to_prime(all_labels),
+            # egress=None sends no network fields: the endpoint's default applies, which is
+            # no network on `sandgym serve` (an operator may set another default there).
+            **(prime_network(spec.egress) if spec.egress is not None else {}),
         )
         try:
             made = await ep.client.create(req)
@@ -383,3 +401,19 @@ class PrimeProvider:
         """Live sandboxes this provider made, per endpoint."""
         return {e.url: len(e.live) for e in self.endpoints}
 
+
+
+def prime_network(policy: EgressPolicy | None) -> dict[str, list[str] | None]:
+    """An EgressPolicy as Prime's create fields: exactly one of an allow-list (nothing: [])
+    or a deny-list (anything but these; [] = unrestricted). SpecError when it needs both."""
+    if policy is None:
+        return {"network_allowlist": [], "network_denylist": None}
+    anything = "*" in policy.allow
+    if anything:
+        return {"network_allowlist": None, "network_denylist": list(policy.deny)}
+    if policy.deny:
+        raise SpecError(
+            "egress: Prime takes an allow-list or a deny-list, not both; use allow=['*'] with a deny-list, "
+            "or an allow-list alone"
+        )
+    return {"network_allowlist": list(policy.allow), "network_denylist": None}

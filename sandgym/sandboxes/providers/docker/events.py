@@ -2,7 +2,7 @@
 
 Containers are auto-removed when they end, so `inspect` afterwards finds nothing; and under
 gVisor an OOM kills the whole sandbox at once. The engine's events are the one record that
-survives: `oom` then `die` (exitCode 137) is OOM_KILLED. A `die` after the sandbox's ttl_s is
+survives: `oom` and `die` (exitCode 137), in either order, is OOM_KILLED. A `die` after the sandbox's ttl_s is
 TIMEOUT; a `die` we caused (remove) is not an error; a kill by anyone else (exit 137 with no
 oom) is REMOVED; any other `die` is EXITED with its exit code. One daemon thread per
 provider follows the stream from the first create on; verdicts are kept for the last
@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 MAX_VERDICTS = 10_000
 KILLED = 137
+# A kill with no oom event yet may still be an OOM whose event comes a moment later.
+OOM_GRACE_S = 1.0
+_OOM_MSG = "the sandbox ran out of memory (memory_mb) and was killed"
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,11 @@ class ExitWatcher:
         with self._cond:
             if action == "oom":
                 self._oom.add(cid)
+                v = self._verdicts.get(cid)
+                if v is not None and v.error_type == "REMOVED" and v.exit_code == KILLED:
+                    # the engine may report the oom just after the die (gVisor): upgrade
+                    self._verdicts[cid] = Verdict("OOM_KILLED", _OOM_MSG, v.exit_code, v.at)
+                    self._cond.notify_all()
                 return
             if action != "die":
                 return
@@ -94,8 +102,8 @@ class ExitWatcher:
             code_s = str(attrs.get("exitCode", ""))
             code = int(code_s) if code_s.lstrip("-").isdigit() else None
             deadline = self._deadlines.pop(cid, None)
-            if cid in self._oom:
-                verdict = Verdict("OOM_KILLED", "the sandbox ran out of memory and was killed", code, time.time())
+            if cid in self._oom and code == KILLED:
+                verdict = Verdict("OOM_KILLED", _OOM_MSG, code, time.time())
             elif cid in self._ours:
                 verdict = Verdict(None, "removed", code, time.time())
             elif deadline is not None and time.time() >= deadline - 1.0:
@@ -128,6 +136,9 @@ class ExitWatcher:
         with self._cond:
             while True:
                 v = self._verdicts.get(cid)
+                if v is not None and v.error_type == "REMOVED" and time.time() - v.at < OOM_GRACE_S:
+                    self._cond.wait(OOM_GRACE_S - (time.time() - v.at))
+                    continue
                 left = deadline - time.monotonic()
                 if v is not None or left <= 0 or self._thread is None:
                     return v

@@ -1,20 +1,34 @@
 """The `docker` provider: one hardened container per sandbox on the local Docker engine.
 
-Every container is created for untrusted code: no network, all capabilities dropped,
-no-new-privileges, a non-root user, pids/memory/CPU limits with no swap beyond memory, a
-read-only root, and size-limited tmpfs mounts for the workdir and /tmp (overlay2 on extfs
-cannot limit a container's writable layer, so tmpfs is how disk is bounded; its pages count
-against the memory limit too). HOME is /tmp unless the spec sets it (the image's home is on
-the read-only root).
+Two profiles (SandboxSpec.profile); every container has no network interface but
+loopback, all capabilities dropped but a profile's few, no-new-privileges, memory = swap
+limit, a CPU quota, and is auto-removed when its main process ends.
+
+- strict (default, for scoring untrusted code): a non-root user (uid 1000 unless the spec
+  names one), a read-only root, the workdir and /tmp on a per-sandbox ext4 disk of disk_mb
+  (disk.py; ENOSPC at the quota, not charged to memory). Where loop disks cannot be made
+  (not root, no sandgym runtimes) they are tmpfs of disk_mb each, charged to memory, and
+  check() refuses a disk_mb the memory limit cannot hold. HOME is /tmp.
+- vm (what Prime/E2B users expect): root by default with CHOWN, DAC_OVERRIDE, FOWNER,
+  FSETID, SETUID, SETGID, KILL; a writable root whose writes land on the per-sandbox disk
+  (an overlay the runtime wrapper mounts); /work and /app made for the user. It runs under
+  gVisor (runtime `runsc`: runtime/), which enforces the process limit itself (RLIMIT_NPROC;
+  the host pids cgroup only backstops it); without gVisor it is refused unless the operator
+  opts out (allow_vm_without_gvisor / SANDGYM_ALLOW_VM_WITHOUT_GVISOR=1).
+
+Egress (SandboxSpec.egress) goes through execd's relay, the host forwarder and one squid
+per provider (sandgym/sandboxes/egress/): HTTP(S)_PROXY inside, the policy decided outside.
+Images are pulled as image_pull says (pull.py), after the operator's aliases. Why a
+container died comes from the engine's events (events.py).
 
 Commands and files go through a `Transport` (transport.py). When the image has python3,
 the container's main process is execd, the in-sandbox exec daemon (sandboxes/execd/server.py,
 mounted read-only from this package), listening on a unix socket in a per-container host
 directory (execd.py): a few ms per command instead of tens for `docker exec`. Images without
 python3 (execd's start fails with "executable file not found") are remembered per image
-id and get `sleep <ttl_s>` as main process and `DockerExecTransport`. Either way the main
-process runs under the engine's init and the container is auto-removed when it ends, so a
-driver that dies leaks nothing past the TTL.
+id and get `sleep <ttl_s>` as main process and `DockerExecTransport` (and no egress).
+Either way the main process runs under the engine's init, so a driver that dies leaks
+nothing past the TTL: the container goes, and the runtime wrapper deletes its disk.
 """
 
 from __future__ import annotations
@@ -744,8 +758,7 @@ class DockerProvider:
             if spec.egress is not None and box.sock_dir is not None:
                 proxy, fwd = self._egress()
                 box.egress_src = proxy.lease(name, spec.egress)
-                assert proxy.port is not None
-                fwd.listen(box.sock_dir / EGRESS_SOCKET_NAME, box.egress_src, proxy.port)
+                fwd.listen(box.sock_dir / EGRESS_SOCKET_NAME, box.egress_src)
             create, host = self.container_config(spec, labels, box.sock_dir, name=name, plan=plan)
             try:
                 cid = self.api.create_container(
@@ -825,7 +838,7 @@ class DockerProvider:
                     self.state_root / "egress" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}", self.egress_host_ports
                 )
             if self._forwarder is None:
-                self._forwarder = EgressForwarder()
+                self._forwarder = EgressForwarder(self._proxy.ensure)
         self._proxy.start()
         return self._proxy, self._forwarder
 
@@ -918,8 +931,8 @@ class DockerProvider:
                 await self.remove(cid)
                 if spec.egress is not None:
                     raise SandboxCreateError(
-                        f"execd in a sandbox of {spec.image!r} ended at start, and egress needs it "
-                        "(no python3 in the image? too little memory?)"
+                        f"egress: image {spec.image!r} cannot run execd (no python3 in it, or too little "
+                        "memory), whose relay carries egress; use an image with python3 or egress=None"
                     )
                 cid, box = await self._run(self._create_blocking, spec, labels, False)
                 transport = self.make_transport(cid, spec)
