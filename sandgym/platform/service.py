@@ -623,7 +623,31 @@ class Service:
         kind = DEATHS.get(reason or "", "SANDBOX_LOST")
         self.counters["died"] += 1
         log.warning("sandbox %s died: %s (%s)", rec.id, kind, msg)
-        self.terminate(rec, f"{kind}: {msg}", status="ERROR", error_type=kind, error_message=msg)
+        if kind != "SANDBOX_LOST" or rec.sandbox is None:
+            self.terminate(rec, f"{kind}: {msg}", status="ERROR", error_type=kind, error_message=msg)
+            return
+        # Not known yet why: ERROR now (clients must not wait), and ask the sandbox layer
+        # again before letting go of the container (its engine events may still be coming;
+        # after our own remove they would read as ours).
+        rec.set_status("ERROR", termination_reason=f"{kind}: {msg}", error_type=kind, error_message=msg)
+        self._spawn(self._learn_then_teardown, rec)
+
+    async def _learn_then_teardown(self, rec: Record) -> None:
+        sb = rec.sandbox
+        inspect = getattr(self.manager.provider, "inspect", None)
+        if sb is not None and inspect is not None:
+            try:
+                with anyio.move_on_after(15):
+                    info = await inspect(sb.id, wait_s=10.0)
+                    if info is not None and info.error_type and info.error_type != "LOST" and info.status != "running":
+                        kind = DEATHS.get(info.error_type, "SANDBOX_LOST")
+                        msg = info.error_message or rec.error_message or ""
+                        rec.log(f"why it died: {kind} ({msg})")
+                        rec.error_type, rec.error_message, rec.termination_reason = kind, msg, f"{kind}: {msg}"
+                        rec.save()
+            except Exception as exc:
+                log.warning("learning why %s died failed: %r", rec.id, exc)
+        await self._teardown(rec)
 
     async def _check_alive(self) -> None:
         """Running sandboxes whose container vanished (OOM under gVisor, killed, TTL of the
