@@ -74,7 +74,8 @@ def test_restart_keeps_every_sandbox(tmp_path: Path, isolated_home: str) -> None
         srv = ServeProcess(*args, port=srv.port)
         # The SDK's ~/.prime cache still holds the gateway token from before: still good.
         c = srv.client("tok")
-        assert c.get(keep.id).status == "RUNNING"
+        got = c.get(keep.id)
+        assert got.status == "RUNNING", (got.error_type, got.error_message, c.get_logs(keep.id))
         assert c.execute_command(keep.id, "cat /workspace/note.txt").stdout == "survives"
         gone = c.get(lose.id)
         assert gone.status == "ERROR" and gone.error_type == "SANDBOX_LOST" and "vanished" in (gone.error_message or "")
