@@ -12,6 +12,14 @@ provider the direct manager uses. Measured:
   (the argv the SDK sends), sequential; and 50 concurrent execs, wall time;
 - the `prime` provider (`PrimeProvider.create` / `PrimeSandbox.exec`) over the same server.
 Ratios are platform time / direct time (1.0 = no overhead). Prints a table last.
+
+    python benchmarks/platform_exec.py --before REF [--rounds 10] [--execs 50]
+
+compares the platform itself across code versions instead: `REF`'s tree (e.g. the merge base
+with main) is exported with `git archive` into a temp dir and served next to this tree's
+server (with its SQLite state in a temp dir), both on the same engine; SDK `execute_command`
+round trips of `true` are measured in interleaved rounds (before, after, after, before, ...)
+so load drifts hit both alike. Prints p50/p90 per version and the ratio after/before.
 """
 
 from __future__ import annotations
@@ -62,13 +70,20 @@ async def concurrent(n: int, fn: Callable[[int], Awaitable[object]]) -> float:
     return time.perf_counter() - t0
 
 
-def start_server(backend: str, token: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(
+    backend: str, token: str, *, tree: str | None = None, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`sandgym serve` from this checkout, or from the source tree `tree` (PYTHONPATH)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = tree
     proc = subprocess.Popen(
         [sys.executable, "-m", "sandgym", "serve", "--port", str(port), "--token", token,
-         "--provider", backend, "--max-sandboxes", "8", "--log-level", "warning"],
+         "--provider", backend, "--max-sandboxes", "8", "--log-level", "warning", *extra],
+        env=env, cwd=tree,
     )
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -155,12 +170,78 @@ async def through_provider(url: str, token: str, creates: int, execs: int, state
     return res
 
 
+def export_tree(ref: str, dest: str) -> str:
+    """`ref`'s tracked files (git archive) in `dest`; returns its commit."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    commit = subprocess.run(["git", "-C", repo, "rev-parse", "--short", ref], check=True, capture_output=True, text=True).stdout.strip()
+    archive = subprocess.run(["git", "-C", repo, "archive", "--format=tar", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+    return commit
+
+
+async def sdk_rounds(urls: dict[str, str], token: str, rounds: int, execs: int) -> dict[str, list[float]]:
+    """One sandbox per server; `rounds` rounds of `execs` execs each, the order of the
+    servers alternating (ABBA...)."""
+    from prime_sandboxes import AsyncSandboxClient, CreateSandboxRequest
+
+    req = dict(docker_image=SPEC.image, cpu_cores=SPEC.cpu, memory_gb=SPEC.memory_mb / 1024, disk_size_gb=SPEC.disk_mb / 1024)
+    clients, ids, res = {}, {}, {k: [] for k in urls}  # type: ignore[var-annotated]
+    try:
+        for k, url in urls.items():
+            c = AsyncSandboxClient(api_key=token)
+            c.client.base_url = url
+            clients[k] = c
+            sb = await c.create(CreateSandboxRequest(name=f"bench-{k}", **req))  # type: ignore[arg-type]
+            await c.wait_for_creation(sb.id)
+            ids[k] = sb.id
+            for _ in range(5):
+                await c.execute_command(sb.id, "true")  # warm up
+        order = list(urls)
+        for r in range(rounds):
+            for k in order if r % 2 == 0 else order[::-1]:
+                c, sid = clients[k], ids[k]
+                res[k] += await timed(execs, lambda c=c, sid=sid: c.execute_command(sid, "true"))
+    finally:
+        for k, c in clients.items():
+            if k in ids:
+                await c.delete(ids[k])
+            await c.aclose()
+    return res
+
+
+def before_after(backend: str, ref: str, rounds: int, execs: int) -> None:
+    token = secrets.token_hex(16)
+    with tempfile.TemporaryDirectory(prefix="bench-before-") as tree, tempfile.TemporaryDirectory(prefix="bench-state-") as state:
+        commit = export_tree(ref, tree)
+        here = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
+        before, url_b = start_server(backend, token, tree=tree)
+        after, url_a = start_server(backend, token, extra=("--state-dir", state))
+        try:
+            res = anyio.run(sdk_rounds, {"before": url_b, "after": url_a}, token, rounds, execs)
+        finally:
+            for proc in (before, after):
+                proc.terminate()
+                proc.wait(120)
+    print(f"backend={backend} rounds={rounds} execs/round={execs} before={ref} ({commit}) after={here} (this tree)")
+    print()
+    print(f"{'SDK execute_command `true`':32} {'p50':>8} {'p90':>8} {'n':>5}")
+    for k in ("before", "after"):
+        print(f"{k:32} {med(res[k]) * 1000:6.2f}ms {p90(res[k]) * 1000:6.2f}ms {len(res[k]):5d}")
+    print(f"{'ratio after/before (p50)':32} {med(res['after']) / med(res['before']):8.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backend", default="docker", choices=["docker", "local"])
     ap.add_argument("--creates", type=int, default=5)
     ap.add_argument("--execs", type=int, default=100)
+    ap.add_argument("--before", metavar="REF", help="compare this tree's server with REF's (git ref)")
+    ap.add_argument("--rounds", type=int, default=10, help="interleaved rounds for --before")
     args = ap.parse_args()
+    if args.before:
+        os.environ["HOME"] = tempfile.mkdtemp(prefix="bench-home-")
+        before_after(args.backend, args.before, args.rounds, args.execs)
+        return
 
     token = secrets.token_hex(16)
     home = tempfile.mkdtemp(prefix="bench-home-")

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Makes a fresh Debian 12 machine ready: Python dependencies, docker.io (+ debootstrap,
-# bubblewrap), a Docker engine started when none answers, and the sandbox images.
-# Idempotent: does only what is missing. Used by the README and by .ci/run.
+# bubblewrap), gVisor (runsc) and the sandgym runtimes, squid (egress), docker-registry and
+# htpasswd (registry tests), a Docker engine started when none answers, and the images.
+# Idempotent: does only what is missing. Never restarts a running dockerd (the runtimes are
+# merged into /etc/docker/daemon.json and loaded with SIGHUP). Used by the README and .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -21,10 +23,24 @@ need=()
 command -v dockerd >/dev/null || need+=(docker.io)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v bwrap >/dev/null || need+=(bubblewrap)
+command -v runsc >/dev/null || need+=(runsc)               # gVisor: the vm profile
+command -v squid >/dev/null || [ -x /usr/sbin/squid ] || need+=(squid)  # egress proxy
+command -v docker-registry >/dev/null || need+=(docker-registry)  # registry tests
+command -v htpasswd >/dev/null || need+=(apache2-utils)    # registry tests (auth)
+command -v gcc >/dev/null || need+=(gcc)                   # the statx shim for gVisor
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)       # per-sandbox disks
 if ((${#need[@]})); then
   apt-get update -qq
-  apt-get install -y -qq "${need[@]}" >/dev/null
+  # No service is started for them: squid and the registry run as children of sandgym/tests.
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+echo "::endgroup::"
+
+echo "::group::sandgym runtimes (gVisor, per-sandbox disks)"
+# The wrapper, the statx shim, /var/lib/sandgym/sandboxes, and the "runtimes" key in
+# /etc/docker/daemon.json (other keys kept); a running dockerd gets SIGHUP, never a restart.
+# Runs before dockerd is started below, so a dockerd started here reads them at once.
+python3 -m sandgym.sandboxes.providers.docker.runtime install
 echo "::endgroup::"
 
 echo "::group::docker engine"

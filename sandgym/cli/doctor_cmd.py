@@ -42,7 +42,49 @@ def _docker_checks() -> list[Check]:
     for r in img.RECIPES:
         ok = img.image_exists(client, r.tag)
         checks.append(Check(f"image {r.tag}", ok, "present" if ok else "missing", "sandgym images build"))
+    return checks + _isolation_checks(client, info)
+
+
+def _isolation_checks(client: object, info: dict) -> list[Check]:  # type: ignore[type-arg]
+    """gVisor (profile vm), per-sandbox disks, the egress proxy."""
+    from sandgym.sandboxes.egress.proxy import squid_binary
+    from sandgym.sandboxes.providers.docker import runtime as rt
+    from sandgym.sandboxes.providers.docker.disk import LoopDisks
+
+    install = "scripts/bootstrap.sh (or: apt-get install runsc && python3 -m sandgym.sandboxes.providers.docker.runtime install)"
+    st = rt.status(info)
+    detail = (f"runsc {st.runsc_version or 'missing'}, wrapper v{st.wrapper_version} (want v{rt.WANTED_VERSION}), "
+              f"engine runtimes: {', '.join(st.engine_runtimes)}")
+    checks = [Check("gVisor (profile vm)", st.gvisor, detail, install, required=False)]
+    if st.gvisor:
+        smoke_ok, smoke = _gvisor_smoke(client, st.shim)
+        checks.append(Check("gVisor sandbox runs `ls -la /`", smoke_ok, smoke,
+                            "see the wrapper's log in `docker logs`; the statx shim needs gcc at install", required=False))
+    checks.append(Check("statx shim (ls/stat under gVisor)", st.shim, str(rt.SHIM_SO) if st.shim else "not built",
+                        install, required=False))
+    why = LoopDisks().unavailable() or (None if st.runc_sandgym else "the engine lacks the runc-sandgym runtime")
+    checks.append(Check("per-sandbox disks (quota, not memory)", why is None,
+                        f"ext4 images under {rt.DISK_ROOT}" if why is None else why,
+                        install + "; run as root", required=False))
+    squid = squid_binary()
+    checks.append(Check("egress proxy (squid)", squid is not None, squid or "not installed",
+                        "apt-get install squid", required=False))
     return checks
+
+
+def _gvisor_smoke(client: object, shim: bool) -> tuple[bool, str]:
+    from sandgym.sandboxes.providers.docker import runtime as rt
+
+    binds = {str(rt.SHIM_SO): {"bind": rt.SHIM_IN_SANDBOX, "mode": "ro"},
+             str(rt.PRELOAD_FILE): {"bind": "/etc/ld.so.preload", "mode": "ro"}} if shim else {}
+    try:
+        out = client.containers.run(  # type: ignore[attr-defined]
+            "sandgym/python:latest", ["sh", "-c", "ls -la / >/dev/null && uname -r"], runtime=rt.GVISOR,
+            network_mode="none", remove=True, volumes=binds, labels={"sandgym.doctor": "1"},
+        )
+    except Exception as exc:
+        return False, " ".join(str(exc).split())[:200]
+    return True, f"kernel {out.decode().strip()} (gVisor's)"
 
 
 def _local_check() -> Check:

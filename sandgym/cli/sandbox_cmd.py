@@ -17,17 +17,51 @@ err = Console(stderr=True)
 ProviderOpt = Annotated[str, typer.Option("--provider", "-p", help="docker, local or prime.")]
 
 
-def _spec(**fields: object) -> "SandboxSpec":  # noqa: F821
-    from pydantic import ValidationError
+def _entries(values: list[str] | None) -> list[str]:
+    """Repeatable, comma-separated option values as one list."""
+    return [e.strip() for v in values or () for e in v.split(",") if e.strip()]
 
-    from sandgym.sandboxes import SandboxSpec
 
-    try:
-        return SandboxSpec(**{k: v for k, v in fields.items() if v is not None})
-    except ValidationError as exc:
-        for e in exc.errors():
-            err.print(f"[red]invalid {'.'.join(map(str, e['loc']))}:[/] {e['msg']}")
-        raise typer.Exit(2)
+def _aliases(values: list[str] | None) -> dict[str, str]:
+    from sandgym.errors import UserError
+
+    out: dict[str, str] = {}
+    for v in values or ():
+        src, sep, dst = v.partition("=")
+        if not sep or not src.strip() or not dst.strip():
+            raise UserError(f"--image-alias wants NAME=LOCAL_IMAGE, got {v!r}")
+        out[src.strip()] = dst.strip()
+    return out
+
+
+def _pull_progress() -> "Callable[[object], None]":  # noqa: F821
+    """Pull progress: a bar on a terminal, a line per finished layer otherwise."""
+    if err.is_terminal:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+        bar = Progress(TextColumn("pulling {task.description}"), BarColumn(), DownloadColumn(),
+                       console=err, transient=True)
+        tasks: dict[str, int] = {}
+
+        def show(ev: object) -> None:
+            image, done, total = ev.image, ev.done_bytes, ev.total_bytes  # type: ignore[attr-defined]
+            if image not in tasks:
+                bar.start()
+                tasks[image] = bar.add_task(image, total=None)
+            bar.update(tasks[image], completed=done, total=total or None)
+            if str(ev.status).startswith("Status:"):  # type: ignore[attr-defined]
+                bar.stop()
+                err.print(f"[dim]{escape(str(ev.status))}[/]")  # type: ignore[attr-defined]
+
+        return show
+
+    def log(ev: object) -> None:
+        status = str(ev.status)  # type: ignore[attr-defined]
+        if status in ("Pull complete", "Already exists") or status.startswith(("Pulling from", "Status:")):
+            layer = f" {ev.layer}" if ev.layer and not status.startswith("Pulling") else ""  # type: ignore[attr-defined]
+            print(f"pull {ev.image}: {status}{layer}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
+
+    return log
 
 
 def register(app: typer.Typer) -> None:
@@ -39,33 +73,55 @@ def register(app: typer.Typer) -> None:
         cmd: Annotated[list[str], typer.Argument(help="Command and arguments (after --).")],
         provider: ProviderOpt = "docker",
         image: Annotated[Optional[str], typer.Option(help="Image (docker/prime).")] = None,
+        profile: Annotated[Optional[str], typer.Option(help="strict (default: hardened, for scoring) or vm (root, writable root; gVisor).")] = None,
+        user: Annotated[Optional[str], typer.Option(help="User to run as (e.g. root in a vm sandbox, or UID[:GID]).")] = None,
         cpu: Annotated[Optional[float], typer.Option(help="CPU cores.")] = None,
         memory_mb: Annotated[Optional[int], typer.Option("--memory-mb", help="Memory limit, MiB.")] = None,
         disk_mb: Annotated[Optional[int], typer.Option("--disk-mb", help="Writable space, MiB.")] = None,
         pids: Annotated[Optional[int], typer.Option(help="Process limit.")] = None,
         timeout: Annotated[float, typer.Option(help="Command timeout, seconds.")] = 60.0,
-        network: Annotated[bool, typer.Option(help="Allow network (off by default).")] = False,
+        network: Annotated[bool, typer.Option(help="Egress to anything public (same as --egress-allow '*').")] = False,
+        egress_allow: Annotated[Optional[list[str]], typer.Option("--egress-allow", help="Allowed destinations, comma-separated, repeatable: hosts, *.domain, host:port, IPv4/CIDR, host.sandgym.internal[:PORT].")] = None,
+        egress_deny: Annotated[Optional[list[str]], typer.Option("--egress-deny", help="Denied destinations (wins over allow; alone: everything else is allowed).")] = None,
+        egress_host_port: Annotated[Optional[list[int]], typer.Option("--egress-host-port", help="docker: a loopback port of this host sandboxes may reach as host.sandgym.internal:PORT (repeatable).")] = None,
+        pull: Annotated[Optional[str], typer.Option(help="Pull the image: missing (default), never, always.")] = None,
+        image_alias: Annotated[Optional[list[str]], typer.Option("--image-alias", help="docker: NAME=LOCAL_IMAGE, used instead of NAME (repeatable).")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     ) -> None:
-        """Create a sandbox, run one command, print the result, destroy the sandbox."""
+        """Create a sandbox, run one command, print the result, destroy the sandbox.
+        Every refusal is one line naming the field and its allowed range, before anything
+        is made."""
         import anyio
 
-        from sandgym.sandboxes import SandboxError, SandboxManager, SpecError
+        from sandgym.cli.errors import exit_for_user_error
+        from sandgym.errors import UserError
+        from sandgym.sandboxes import SandboxError, SandboxManager, SandboxSpec
 
-        spec = _spec(image=image, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb, pids=pids,
-                     network=network, exec_timeout_s=timeout)
+        allow, deny = _entries(egress_allow), _entries(egress_deny)
+        egress: dict[str, list[str]] | None = None
+        if allow or deny:
+            egress = {"allow": allow or ["*"], "deny": deny}
+        fields = dict(image=image, profile=profile, user=user, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb,
+                      pids=pids, exec_timeout_s=timeout, egress=egress, image_pull=pull,
+                      network=True if network and egress is None else None)
+        spec = SandboxSpec(**{k: v for k, v in fields.items() if v is not None})  # ValidationError: one line
+        options: dict[str, object] = {}
+        if provider == "docker":
+            options = dict(image_aliases=_aliases(image_alias), egress_host_ports=egress_host_port or (),
+                           pull_progress=_pull_progress())
+        elif image_alias or egress_host_port:
+            raise UserError("--image-alias and --egress-host-port are options of the docker provider")
 
         async def go() -> object:
-            async with SandboxManager(provider, max_sandboxes=1) as mgr:
+            async with SandboxManager(provider, max_sandboxes=1, provider_options=options, create_retries=0) as mgr:
                 async with mgr.sandbox(spec) as sb:
                     argv = cmd[0] if len(cmd) == 1 else cmd
                     return await sb.exec(argv, timeout=timeout)
 
         try:
             result = anyio.run(go)
-        except (SpecError, SandboxError, ValueError) as exc:
-            err.print(f"[red]error:[/] {exc}")
-            raise typer.Exit(2)
+        except SandboxError as exc:  # could not make or use the sandbox: say why, one line
+            exit_for_user_error(exc, f"sandbox: {exc}")
         if as_json:
             print(result.model_dump_json())  # type: ignore[attr-defined]
         else:

@@ -13,6 +13,28 @@ from rich.console import Console
 err = Console(stderr=True)
 
 
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "sandgym" / "serve"
+
+
+def parse_aliases(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, target = item.partition("=")
+        if not sep or not name.strip() or not target.strip():
+            raise typer.BadParameter(f"--image-alias wants NAME=LOCAL_IMAGE, got {item!r}")
+        out[name.strip()] = target.strip()
+    return out
+
+
+def parse_egress_default(value: str | None) -> list[str] | None:
+    """'none' (no network), '*' (unrestricted) or a comma-separated allow-list."""
+    if value is None or value.strip().lower() in ("", "none"):
+        return None
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
@@ -21,11 +43,22 @@ def register(app: typer.Typer) -> None:
         token: Annotated[Optional[list[str]], typer.Option("--token", help="API token (repeatable); each token is a tenant.")] = None,
         tokens_file: Annotated[Optional[Path], typer.Option("--tokens-file", help="File with one token per line (# comments).")] = None,
         max_sandboxes: Annotated[int, typer.Option("--max-sandboxes", help="Live sandboxes on this host, all tenants.")] = 8,
-        quota: Annotated[Optional[int], typer.Option(help="Live sandboxes per token (429 past it); default --max-sandboxes.")] = None,
+        quota: Annotated[Optional[int], typer.Option(help="Live sandboxes per token (429 past it); default --max-sandboxes with one token, half of it with more. `quota=N` in the tokens file sets one token's.")] = None,
         provider: Annotated[str, typer.Option("--provider", "-p", help="docker or local.")] = "docker",
         max_ttl: Annotated[float, typer.Option("--max-ttl", help="Longest sandbox lifetime, seconds (timeout_minutes=-1 gets this).")] = 24 * 3600.0,
         idle_timeout: Annotated[float, typer.Option("--idle-timeout", help="Reap sandboxes idle this long, seconds (0: never).")] = 3600.0,
         public_url: Annotated[Optional[str], typer.Option("--public-url", help="Base URL clients reach this server at (behind a proxy).")] = None,
+        state_dir: Annotated[Optional[Path], typer.Option("--state-dir", help="Where the server keeps its SQLite state; a restart re-adopts the sandboxes of this state. Default: $XDG_STATE_HOME/sandgym/serve.")] = None,
+        ephemeral: Annotated[bool, typer.Option("--ephemeral", help="Keep no state: every sandbox is destroyed when the server stops.")] = False,
+        shutdown_sandboxes: Annotated[bool, typer.Option("--shutdown-sandboxes", help="Destroy the sandboxes when the server stops (default: they keep running for the next server on this state).")] = False,
+        profile: Annotated[Optional[str], typer.Option("--profile", help="Isolation profile of every sandbox: strict (read-only root, non-root user) or vm (writable root with a disk quota, root allowed, gVisor).")] = None,
+        egress_default: Annotated[Optional[str], typer.Option("--egress-default", help="Network of a create that names none: 'none' (default), '*' (unrestricted) or an allow-list 'pypi.org,*.pythonhosted.org'.")] = None,
+        image_alias: Annotated[Optional[list[str]], typer.Option("--image-alias", help="NAME=LOCAL_IMAGE: serve NAME (e.g. python:3.11-slim) from a local image (repeatable).")] = None,
+        image_pull: Annotated[Optional[str], typer.Option("--image-pull", help="missing (pull images not here), never, always.")] = None,
+        egress_host_port: Annotated[Optional[list[int]], typer.Option("--egress-host-port", help="A loopback port on this host that sandboxes whose egress names host.sandgym.internal may reach (repeatable), e.g. an interception server.")] = None,
+        max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="Largest request body, MiB (413 past it); uploads have --max-upload-mb.")] = 16.0,
+        max_upload_mb: Annotated[float, typer.Option("--max-upload-mb", help="Largest file upload, MiB.")] = 256.0,
+        output_limit_mb: Annotated[float, typer.Option("--output-limit-mb", help="A command's stdout and stderr are each cut past this, MiB (and flagged truncated).")] = 16.0,
         log_level: Annotated[str, typer.Option("--log-level")] = "info",
     ) -> None:
         """Serve sandboxes to the unmodified prime-sandboxes SDK: clients set
@@ -33,15 +66,37 @@ def register(app: typer.Typer) -> None:
         import uvicorn
 
         from sandgym.platform.app import create_app
-        from sandgym.platform.auth import read_tokens_file
+        from sandgym.platform.auth import read_token_quotas, read_tokens_file
+        from sandgym.platform.egress import WirePolicy
         from sandgym.platform.service import ServerConfig
 
         if provider not in ("docker", "local"):
             err.print(f"[red]--provider must be docker or local, got {provider!r}[/]")
             raise typer.Exit(2)
+        if profile is not None and profile not in ("strict", "vm"):
+            err.print(f"[red]--profile must be strict or vm, got {profile!r}[/]")
+            raise typer.Exit(2)
+        if image_pull is not None and image_pull not in ("missing", "never", "always"):
+            err.print(f"[red]--image-pull must be missing, never or always, got {image_pull!r}[/]")
+            raise typer.Exit(2)
+        egress = parse_egress_default(egress_default)
+        try:
+            WirePolicy.parse(egress, None, where="--egress-default ")
+        except ValueError as exc:
+            err.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from None
+        if ephemeral and (state_dir is not None or shutdown_sandboxes):
+            err.print("[red]--ephemeral keeps no state: drop --state-dir / --shutdown-sandboxes[/]")
+            raise typer.Exit(2)
         tokens = list(token or [])
+        quotas: dict[str, int] = {}
         if tokens_file is not None:
-            tokens += read_tokens_file(tokens_file)
+            try:
+                tokens += read_tokens_file(tokens_file)
+                quotas = read_token_quotas(tokens_file)
+            except (OSError, ValueError) as exc:
+                err.print(f"[red]--tokens-file: {exc}[/]")
+                raise typer.Exit(2) from None
         if env_tokens := os.environ.get("SANDGYM_SERVE_TOKENS"):
             tokens += [t for t in env_tokens.split(",") if t]
         if not tokens:
@@ -49,14 +104,45 @@ def register(app: typer.Typer) -> None:
             err.print(f"[yellow]no --token given; this run's token:[/] {tokens[0]}")
         if provider == "local":
             err.print("[yellow]provider local: sandboxes are processes with rlimits, not containers; weak isolation[/]")
+        provider_options: dict[str, object] = {}
+        if image_alias:
+            provider_options["image_aliases"] = parse_aliases(image_alias)
+        if egress_host_port:
+            bad = [p for p in egress_host_port if not 1 <= p <= 65535]
+            if bad:
+                err.print(f"[red]--egress-host-port: {bad[0]} is not a port; allowed range: [1, 65535][/]")
+                raise typer.Exit(2)
+            provider_options["egress_host_ports"] = list(egress_host_port)
+        if provider_options and provider != "docker":
+            err.print(f"[red]--image-alias and --egress-host-port need --provider docker, not {provider}[/]")
+            raise typer.Exit(2)
         config = ServerConfig(
             tokens=tokens,
             provider=provider,
             max_sandboxes=max_sandboxes,
             quota=quota,
+            quotas=quotas,
             max_ttl_s=max_ttl,
             idle_timeout_s=idle_timeout or None,
             public_url=public_url,
+            state_dir=None if ephemeral else str(state_dir or default_state_dir()),
+            shutdown_sandboxes=shutdown_sandboxes,
+            profile=profile,  # type: ignore[arg-type]
+            egress_default=egress,
+            image_pull=image_pull,  # type: ignore[arg-type]
+            max_body_bytes=int(max_body_mb * (1 << 20)),
+            max_upload_bytes=int(max_upload_mb * (1 << 20)),
+            output_limit_bytes=max(1024, int(output_limit_mb * (1 << 20))),
+            provider_options=provider_options,
         )
-        err.print(f"sandgym serve: http://{host}:{port}  provider={provider}  max_sandboxes={max_sandboxes}  docs: /docs")
-        uvicorn.run(create_app(config), host=host, port=port, log_level=log_level, timeout_keep_alive=30)
+        try:
+            app = create_app(config)
+        except Exception as exc:  # a locked state dir, bad provider options
+            err.print(f"[red]sandgym serve: {exc}[/]")
+            raise typer.Exit(2) from None
+        state = config.state_dir or "none (ephemeral)"
+        err.print(
+            f"sandgym serve: http://{host}:{port}  provider={provider}  max_sandboxes={max_sandboxes}  "
+            f"quota/token={config.default_quota()}  state={state}  docs: /docs"
+        )
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=30)

@@ -1,6 +1,9 @@
 """The FastAPI app: Prime's sandbox control plane under /api/v1, the gateway under /gateway,
 health and metrics, OpenAPI docs at /docs. Endpoints this server does not offer (checkpoints,
-networks, volumes, images, ssh, egress policy, background-job batches) answer 404."""
+LAN networks, volumes, images, ssh, background-job batches) answer 404.
+
+Request bodies past `max_body_bytes` (uploads: `max_upload_bytes`) answer 413 before they are
+read whole (limits.py)."""
 
 from __future__ import annotations
 
@@ -15,23 +18,30 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .auth import TokenAuth
 from .gateway import build_router
+from .limits import BodyLimit
 from .models import (
-    Status,
     BulkDeleteBody,
     BulkDeleteOut,
     CreateSandboxBody,
     DeleteOut,
+    EgressLogOut,
+    EgressPolicyIn,
+    EgressPolicyOut,
     ErrorContextOut,
     GatewayAuth,
+    KeyLimits,
     LogsOut,
     SandboxListOut,
     SandboxOut,
+    Status,
     StatusBatchBody,
     StatusBatchOut,
     StatusError,
     StatusSnapshot,
+    WhoAmI,
+    WhoAmIOut,
 )
-from .service import InvalidRequest, ServerConfig, Service
+from .service import EgressUnavailable, InvalidRequest, ServerConfig, Service
 from .store import QuotaExceeded, Record
 
 
@@ -41,6 +51,11 @@ _NOT_FOUND: dict[int | str, dict[str, object]] = {404: {"description": "No such 
 def sandbox_out(rec: Record, service: Service, request: Request, *, with_auth: bool = False) -> SandboxOut:
     b = rec.body
     spec = rec.spec
+    policy = rec.egress.policy
+    advanced = dict(b.advanced_configs or {})
+    if rec.waiting_reason:
+        # The CLI's `sandbox get` prints advanced configs, not errorMessage: say it there too.
+        advanced["waitingReason"] = rec.waiting_reason
     return SandboxOut(
         id=rec.id,
         name=b.name,
@@ -52,6 +67,9 @@ def sandbox_out(rec: Record, service: Service, request: Request, *, with_auth: b
         gpu_count=b.gpu_count,
         gpu_type=b.gpu_type,
         status=rec.status,
+        waiting_reason=rec.waiting_reason,
+        network_allowlist=policy.allowlist if policy.allowlist is not None or policy.denylist is not None else [],
+        network_denylist=policy.denylist,
         timeout_minutes=b.timeout_minutes,
         idle_timeout_minutes=b.idle_timeout_minutes,
         termination_reason=rec.termination_reason,
@@ -62,10 +80,11 @@ def sandbox_out(rec: Record, service: Service, request: Request, *, with_auth: b
         started_at=rec.started_at,
         terminated_at=rec.terminated_at,
         error_type=rec.error_type,
-        error_message=rec.error_message,
+        error_message=rec.error_message if rec.error_message or not rec.waiting_reason else rec.waiting_reason,
         user_id=rec.tenant,
         team_id=b.team_id,
         region=b.region,
+        advanced_configs=advanced or None,
         gateway_auth=service.gateway_auth(rec, str(request.base_url)) if with_auth and not rec.ended else None,
     )
 
@@ -90,6 +109,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         responses={401: {"description": "Missing or invalid API token"}},
     )
     app.state.service = service
+    app.add_middleware(BodyLimit, default=config.max_body_bytes, uploads=config.max_upload_bytes)
     # A plain default (not an Annotated alias): annotations are strings here and FastAPI
     # resolves them in module globals, where a local alias would not be found.
     tenant_dep = Depends(auth)
@@ -127,7 +147,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     )
     async def create(body: CreateSandboxBody, request: Request, tenant: str = tenant_dep) -> JSONResponse:
         try:
-            rec = service.create(tenant, body)
+            rec = await service.create(tenant, body)
         except InvalidRequest as exc:
             return JSONResponse({"detail": exc.errors}, status_code=422)
         except QuotaExceeded as exc:
@@ -166,10 +186,20 @@ def create_app(config: ServerConfig) -> FastAPI:
         )
         return JSONResponse(out.model_dump(mode="json", by_alias=True))
 
-    @app.delete("/api/v1/sandbox", response_model=BulkDeleteOut, tags=["sandboxes"], summary="Delete many sandboxes")
-    async def bulk_delete(body: BulkDeleteBody, tenant: str = tenant_dep) -> BulkDeleteOut:
+    @app.delete(
+        "/api/v1/sandbox",
+        response_model=BulkDeleteOut,
+        tags=["sandboxes"],
+        summary="Delete many sandboxes: by ids, by labels, or all of this token's (user_id / all_users alone)",
+        responses={403: {"description": "user_id names another user"}},
+    )
+    async def bulk_delete(body: BulkDeleteBody, tenant: str = tenant_dep) -> JSONResponse:
+        if body.user_id is not None and body.user_id != tenant:
+            return JSONResponse({"detail": f"user_id {body.user_id!r} is not this token's user ({tenant})"}, status_code=403)
         targets: list[Record] = []
         failed: list[dict[str, str]] = []
+        if body.everything:
+            targets = [r for r in service.store.for_tenant(tenant) if not r.ended]
         if body.sandbox_ids:
             for sid in dict.fromkeys(body.sandbox_ids):
                 rec = service.store.get(tenant, sid)
@@ -186,7 +216,8 @@ def create_app(config: ServerConfig) -> FastAPI:
             service.terminate(rec, "deleted")
         service.counters["deleted"] += len(targets)
         ok = [r.id for r in targets]
-        return BulkDeleteOut(succeeded=ok, failed=failed, message=f"deleted {len(ok)} sandboxes, {len(failed)} failed")
+        out = BulkDeleteOut(succeeded=ok, failed=failed, message=f"deleted {len(ok)} sandboxes, {len(failed)} failed")
+        return JSONResponse(out.model_dump())
 
     @app.post(
         "/api/v1/sandbox/status:batchGet",
@@ -200,7 +231,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         # PENDING answer; answering the change instead saves most of that sleep.
         recs = [r for sid in body.sandbox_ids if (r := service.store.get(tenant, sid)) is not None]
         deadline = time.monotonic() + config.status_wait_s
-        while recs and all(r.status == "PENDING" for r in recs) and time.monotonic() < deadline:
+        while recs and all(r.status in ("PENDING", "PROVISIONING") for r in recs) and time.monotonic() < deadline:
             await anyio.sleep(0.02)
         statuses, errors = [], []
         for sid in body.sandbox_ids:
@@ -209,7 +240,13 @@ def create_app(config: ServerConfig) -> FastAPI:
                 errors.append(StatusError(sandbox_id=sid, code="NOT_FOUND", message=f"Sandbox {sid} not found"))
             else:
                 statuses.append(
-                    StatusSnapshot(sandbox_id=sid, status=rec.status, error_type=rec.error_type, error_message=rec.error_message)
+                    StatusSnapshot(
+                        sandbox_id=sid,
+                        status=rec.status,
+                        error_type=rec.error_type,
+                        error_message=rec.error_message or rec.waiting_reason,
+                        waiting_reason=rec.waiting_reason,
+                    )
                 )
         return StatusBatchOut(statuses=statuses, errors=errors)
 
@@ -242,6 +279,80 @@ def create_app(config: ServerConfig) -> FastAPI:
         rec = own(tenant, sandbox_id)
         out = ErrorContextOut(status=rec.status, error_type=rec.error_type, error_message=rec.error_message)
         return JSONResponse(out.model_dump(by_alias=True))
+
+    def egress_out(rec: Record) -> JSONResponse:
+        e = rec.egress
+        out = EgressPolicyOut(
+            policy=e.policy, generation=e.generation, applied_generation=e.applied_generation,
+            applied=e.applied_generation >= e.generation, error=e.error,
+        )
+        return JSONResponse(out.model_dump())
+
+    @app.get(
+        "/api/v1/sandbox/{sandbox_id}/egress-policy",
+        response_model=EgressPolicyOut,
+        responses=_NOT_FOUND,
+        tags=["network"],
+        summary="The sandbox's egress policy (desired and applied)",
+    )
+    async def get_egress(sandbox_id: str, tenant: str = tenant_dep) -> JSONResponse:
+        return egress_out(own(tenant, sandbox_id))
+
+    @app.put(
+        "/api/v1/sandbox/{sandbox_id}/egress-policy",
+        response_model=EgressPolicyOut,
+        responses={**_NOT_FOUND, 409: {"description": "The sandbox has ended, or was made without network plumbing"}},
+        tags=["network"],
+        summary='Set the egress policy: {"allowlist": [...], "denylist": null} or the reverse',
+    )
+    async def put_egress(sandbox_id: str, body: EgressPolicyIn, tenant: str = tenant_dep) -> JSONResponse:
+        rec = own(tenant, sandbox_id)
+        try:
+            policy = body.policy()
+        except ValueError as exc:
+            return JSONResponse({"detail": [{"type": "value_error", "loc": ["body"], "msg": str(exc)}]}, status_code=422)
+        if rec.ended:
+            return JSONResponse({"detail": f"sandbox {sandbox_id} is {rec.status}"}, status_code=409)
+        try:
+            await service.set_egress(rec, policy)
+        except EgressUnavailable as exc:
+            return JSONResponse({"detail": str(exc)}, status_code=409)
+        return egress_out(rec)
+
+    @app.get(
+        "/api/v1/sandbox/{sandbox_id}/egress-log",
+        response_model=EgressLogOut,
+        responses={**_NOT_FOUND, 409: {"description": "The sandbox is not running"}},
+        tags=["network"],
+        summary="Connections the sandbox made or tried through its egress proxy (sandgym extension)",
+    )
+    async def egress_log(sandbox_id: str, tenant: str = tenant_dep) -> JSONResponse:
+        rec = own(tenant, sandbox_id)
+        sb = rec.sandbox
+        if rec.status != "RUNNING" or sb is None:
+            return JSONResponse({"detail": f"sandbox {sandbox_id} is {rec.status}"}, status_code=409)
+        try:
+            entries = await sb.egress_log()
+        except Exception as exc:  # a provider that keeps none
+            return JSONResponse({"detail": f"no egress log: {exc}"}, status_code=409)
+        return JSONResponse(EgressLogOut(entries=[e.model_dump() for e in entries]).model_dump())
+
+    @app.get(
+        "/api/v1/user/whoami",
+        response_model=WhoAmIOut,
+        tags=["user"],
+        summary="This token's user and limits (what `prime whoami` reads)",
+    )
+    async def whoami(tenant: str = tenant_dep, team_id: str | None = Query(None, alias="teamId")) -> WhoAmIOut:
+        return WhoAmIOut(
+            data=WhoAmI(
+                id=tenant,
+                name=tenant,
+                slug=tenant,
+                scope={"sandbox": {"read": True, "write": True}},
+                key_limits=KeyLimits(max_concurrent_sandboxes=service.store.quota_of(tenant)),
+            )
+        )
 
     @app.get("/api/v1/sandbox/{sandbox_id}/logs", response_model=LogsOut, responses=_NOT_FOUND, tags=["sandboxes"], summary="Sandbox event log")
     async def logs(sandbox_id: str, tenant: str = tenant_dep) -> LogsOut:

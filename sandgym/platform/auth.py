@@ -17,13 +17,30 @@ def tenant_of(token: str) -> str:
 
 def read_tokens_file(path: str | Path) -> list[str]:
     """One token per line; blank lines and `#` comments are skipped; anything after the
-    first whitespace on a line is a free-form note."""
-    tokens = []
-    for line in Path(path).read_text().splitlines():
+    first whitespace on a line is a free-form note (`quota=N` in it sets that token's quota,
+    see read_token_quotas)."""
+    return list(read_token_quotas(path, all_tokens=True))
+
+
+def read_token_quotas(path: str | Path, *, all_tokens: bool = False) -> dict[str, int]:
+    """token -> its `quota=N` from a tokens file (every token with `all_tokens`, -1 = none).
+    ValueError naming the line for a bad quota."""
+    out: dict[str, int] = {}
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         line = line.strip()
-        if line and not line.startswith("#"):
-            tokens.append(line.split()[0])
-    return tokens
+        if not line or line.startswith("#"):
+            continue
+        token, *note = line.split()
+        quota = -1
+        for word in note:
+            if word.startswith("quota="):
+                value = word.removeprefix("quota=")
+                if not value.isdigit() or int(value) < 1:
+                    raise ValueError(f"{path}:{n}: quota must be a whole number >= 1, got {value!r}")
+                quota = int(value)
+        if quota > 0 or all_tokens:
+            out[token] = quota
+    return out
 
 
 class TokenAuth:

@@ -62,6 +62,14 @@ class ConnectFault(Exception):
         return HTTP_STATUS.get(self.code, 500)
 
 
+class UnsupportedMediaType(Exception):
+    """The request's content type is not one this endpoint speaks: HTTP 415."""
+
+    def __init__(self, content_type: str, accepted: str) -> None:
+        super().__init__(f"content-type {content_type!r} is not supported here; use {accepted}")
+        self.accepted = accepted
+
+
 class Codec:
     """proto or json, picked from the request's content type."""
 
@@ -74,8 +82,8 @@ class Codec:
     def from_content_type(cls, content_type: str, *, stream: bool) -> "Codec":
         ct = content_type.partition(";")[0].strip().lower()
         prefix = "application/connect+" if stream else "application/"
-        if not ct.startswith(prefix):
-            raise ConnectFault("invalid_argument", f"content-type {ct!r} is not {prefix}proto")
+        if not ct.startswith(prefix) or ct[len(prefix):] not in ("proto", "json"):
+            raise UnsupportedMediaType(ct, f"{prefix}proto or {prefix}json")
         return cls(ct[len(prefix):])
 
     def decode(self, data: bytes, cls: type[M]) -> M:

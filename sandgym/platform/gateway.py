@@ -24,7 +24,7 @@ from prime_sandboxes._proto.command_session import command_session_pb2 as pb
 from sandgym.sandboxes.base import Sandbox
 from sandgym.sandboxes.errors import SandboxFileNotFound, SandboxGoneError
 
-from .connect import Codec, ConnectFault, end_stream, envelope, iter_envelopes, parse_timeout_ms
+from .connect import Codec, ConnectFault, UnsupportedMediaType, end_stream, envelope, iter_envelopes, parse_timeout_ms
 from .models import ReadFileOut, UploadOut
 from .service import Service
 from .sessions import Session
@@ -37,6 +37,9 @@ DATA_CHUNK = 256 * 1024
 MAX_READ_BYTES = 32 << 20  # read-file without a window; larger files answer 413
 SERVICE = "command_session.CommandSession"
 EXEC_TIMEOUT_HEADER = "x-sandgym-exec-timeout-ms"
+# A client that reads truncation from the end event's status (sandgym's prime provider) sends
+# this; plain SDK clients, whose CommandResponse has no such flag, get a note on stderr.
+TRUNCATION_HEADER = "x-sandgym-truncation"
 
 
 def _bearer(request: Request) -> str:
@@ -77,8 +80,13 @@ def _event(**kw: object) -> pb.StartResponse:
     return pb.StartResponse(event=pb.CommandSessionEvent(**kw))  # type: ignore[arg-type]
 
 
-def _end(code: int, error: str | None = None) -> pb.StartResponse:
-    end = pb.CommandSessionEvent.EndEvent(exit_code=code, exited=error is None, status=f"exit status {code}")
+def truncation_note(limit: int) -> str:
+    return f"output truncated: a stream passed this server's limit of {limit} bytes; the rest was dropped"
+
+
+def _end(code: int, error: str | None = None, note: str | None = None) -> pb.StartResponse:
+    status = f"exit status {code}" + (f"; {note}" if note else "")
+    end = pb.CommandSessionEvent.EndEvent(exit_code=code, exited=error is None, status=status)
     if error:
         end.error = error
     return _event(end=end)
@@ -122,8 +130,10 @@ def build_router(service: Service) -> APIRouter:
         stream = spec is not None and spec.streaming
         try:
             codec = Codec.from_content_type(request.headers.get("content-type", ""), stream=stream)
-        except ConnectFault as fault:
-            return _stream_error(Codec("proto"), fault) if stream else _unary_error(fault)
+        except UnsupportedMediaType as exc:
+            return JSONResponse(
+                {"code": "invalid_argument", "message": str(exc)}, status_code=415, headers={"Accept-Post": exc.accepted}
+            )
         try:
             deadline = parse_timeout_ms(request.headers.get("connect-timeout-ms"))
             body = await request.body()
@@ -148,6 +158,7 @@ def build_router(service: Service) -> APIRouter:
         except ConnectFault as fault:
             return _stream_error(codec, fault) if stream else _unary_error(fault)
         except SandboxGoneError as exc:
+            service.sandbox_died(rec, exc)
             fault = ConnectFault("not_found", str(exc))
             return _stream_error(codec, fault) if stream else _unary_error(fault)
         except Exception as exc:
@@ -182,6 +193,7 @@ def build_router(service: Service) -> APIRouter:
         try:
             await sb.write_file(path, data)
         except SandboxGoneError as exc:
+            service.sandbox_died(rec, exc)
             return JSONResponse({"error": "sandbox_terminated", "message": str(exc)}, status_code=410)
         except Exception as exc:
             return JSONResponse({"error": "upload_failed", "message": f"{type(exc).__name__}: {exc}"}, status_code=400)
@@ -202,6 +214,7 @@ def build_router(service: Service) -> APIRouter:
         except SandboxFileNotFound:
             return JSONResponse({"error": "file_not_found", "message": f"File not found: {path}"}, status_code=404)
         except SandboxGoneError as exc:
+            service.sandbox_died(rec, exc)
             return JSONResponse({"error": "sandbox_terminated", "message": str(exc)}, status_code=410)
         except Exception as exc:
             return JSONResponse({"error": "read_failed", "message": f"{type(exc).__name__}: {exc}"}, status_code=400)
@@ -306,13 +319,14 @@ async def _rpc_start(call: RpcCall) -> Response:
         # the client sees DEADLINE_EXCEEDED.
         exec_timeout = deadline - min(1.0, 0.25 * deadline) if deadline is not None else None
     req = call.codec.decode(call.raw, pb.StartRequest)
-    return await _start(call.service, call.rec, call.sb, req, call.codec, exec_timeout)
+    note_in_status = call.headers.get(TRUNCATION_HEADER) == "status"
+    return await _start(call.service, call.rec, call.sb, req, call.codec, exec_timeout, note_in_status)
 
 
 async def _rpc_connect(call: RpcCall) -> Response:
     req = call.codec.decode(call.raw, pb.ConnectRequest)
     sess = _session(call.rec, req.session)
-    return _stream(call.codec, _follow(sess), call.deadline, call.rec)
+    return _stream(call.codec, _follow(sess), call.deadline, call.rec, call.service.sandbox_died)
 
 
 async def _rpc_send_input(call: RpcCall) -> Response:
@@ -391,7 +405,13 @@ def _session(rec: Record, selector: pb.CommandSessionSelector) -> Session:
     return sess
 
 
-def _stream(codec: Codec, events: AsyncIterator[pb.StartResponse], deadline: float | None, rec: Record) -> StreamingResponse:
+def _stream(
+    codec: Codec,
+    events: AsyncIterator[pb.StartResponse],
+    deadline: float | None,
+    rec: Record,
+    on_gone: Callable[[Record, BaseException], None] | None = None,
+) -> StreamingResponse:
     """Envelopes from `events`, keepalives while quiet, `deadline_exceeded` at the deadline."""
 
     async def body() -> AsyncIterator[bytes]:
@@ -422,6 +442,8 @@ def _stream(codec: Codec, events: AsyncIterator[pb.StartResponse], deadline: flo
                     yield end_stream(fault)
                     return
                 except SandboxGoneError as exc:
+                    if on_gone is not None:
+                        on_gone(rec, exc)
                     yield end_stream(ConnectFault("not_found", str(exc)))
                     return
                 except Exception as exc:
@@ -445,15 +467,27 @@ def _stream(codec: Codec, events: AsyncIterator[pb.StartResponse], deadline: flo
 
 
 async def _start(
-    service: Service, rec: Record, sb: Sandbox, req: pb.StartRequest, codec: Codec, deadline: float | None
+    service: Service,
+    rec: Record,
+    sb: Sandbox,
+    req: pb.StartRequest,
+    codec: Codec,
+    deadline: float | None,
+    note_in_status: bool = False,
 ) -> Response:
     spec = req.command
     argv = [spec.cmd, *spec.args] if spec.cmd else list(spec.args)
     if not argv:
         raise ConnectFault("invalid_argument", "command.cmd is empty")
-    # Commands run as the sandbox's one (non-root) user; naming it is fine, another is not.
-    if spec.HasField("user") and spec.user and spec.user != (sb.spec.user or "sandbox"):
-        raise ConnectFault("invalid_argument", f"running as user {spec.user!r} is not supported here")
+    # Commands run as the sandbox's one user (strict: the non-root `sandbox`; vm: root unless
+    # the spec names another); naming it is fine, another is not.
+    own = sb.spec.user or ("root" if sb.spec.profile == "vm" else "sandbox")
+    aliases = {own, "0"} if own == "root" else {own}
+    if spec.HasField("user") and spec.user and spec.user not in aliases:
+        raise ConnectFault(
+            "invalid_argument",
+            f"running as user {spec.user!r} is not supported here; this sandbox runs commands as {own!r}",
+        )
     env = dict(spec.envs)
     cwd = spec.cwd if spec.HasField("cwd") and spec.cwd else None
     service.counters["execs"] += 1
@@ -472,11 +506,17 @@ async def _start(
         rec.log(f"exec exit={res.exit_code} timed_out={res.timed_out} {argv[-1][:200]!r}")
         if res.timed_out:
             raise ConnectFault("deadline_exceeded", f"command timed out after {deadline}s")
-        for m in _data("stdout", res.stdout_bytes) + _data("stderr", res.stderr_bytes):
+        note = truncation_note(res.output_limit or sb.spec.output_limit_bytes) if res.truncated else None
+        stderr = res.stderr_bytes
+        if note is not None:
+            rec.log(f"exec {note}")
+            if not note_in_status:
+                stderr += f"\nsandgym: {note}\n".encode()  # no [brackets]: rich (the CLI) reads them as markup
+        for m in _data("stdout", res.stdout_bytes) + _data("stderr", stderr):
             yield m
-        yield _end(res.exit_code)
+        yield _end(res.exit_code, note=note)
 
-    return _stream(codec, run(), deadline + 5.0 if deadline is not None else None, rec)
+    return _stream(codec, run(), deadline + 5.0 if deadline is not None else None, rec, service.sandbox_died)
 
 
 _DETACHED: set[asyncio.Task[object]] = set()
@@ -512,7 +552,7 @@ async def _start_live(
         rec.log(f"live process {sess.uuid} pid={proc.pid} {argv[-1][:200]!r}")
     else:
         events = _follow(sess)
-    return _stream(codec, events, deadline, rec)
+    return _stream(codec, events, deadline, rec, service.sandbox_died)
 
 
 def _follow(sess: Session) -> AsyncIterator[pb.StartResponse]:

@@ -1,12 +1,17 @@
-"""In-memory records of the platform's sandboxes, indexed per tenant.
+"""Records of the platform's sandboxes, indexed per tenant, written through to SQLite.
 
 A record outlives its sandbox for `retain_s` after it ended, so `get` after `delete` answers
 TERMINATED (as Prime does) and a second delete is a no-op instead of a 404.
+
+Every change of status (and every new record) is written at once; activity times and event
+log lines are written in batches by `flush()` (the reaper calls it every tick), so an exec
+costs no disk write.
 """
 
 from __future__ import annotations
 
-import secrets
+import hashlib
+import hmac
 import time
 import uuid
 from collections import deque
@@ -14,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from .db import StateDB
+from .egress import WirePolicy
 from .models import ENDED, CreateSandboxBody
 
 if TYPE_CHECKING:
@@ -22,13 +29,47 @@ if TYPE_CHECKING:
 
     from .sessions import SessionTable
 
+LIVE = ("PENDING", "PROVISIONING", "RUNNING")
+LOG_LINES = 500
+
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def _ts(d: datetime | None) -> float | None:
+    return d.timestamp() if d is not None else None
+
+
+def _dt(t: float | None) -> datetime | None:
+    return datetime.fromtimestamp(t, tz=timezone.utc) if t is not None else None
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
 class QuotaExceeded(Exception):
     pass
+
+
+@dataclass
+class Egress:
+    """The sandbox's egress policy as the wire shows it; `applied_generation` trails
+    `generation` until the sandbox enforces the latest policy."""
+
+    policy: WirePolicy = field(default_factory=WirePolicy.blocked)
+    generation: int = 1
+    applied_generation: int = 0
+    error: str | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        return {"policy": self.policy.model_dump(), "generation": self.generation,
+                "applied_generation": self.applied_generation, "error": self.error}
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> "Egress":
+        return cls(WirePolicy(**row["policy"]), row["generation"], row["applied_generation"], row.get("error"))
 
 
 @dataclass
@@ -44,65 +85,186 @@ class Record:
     updated_at: datetime = field(default_factory=utcnow)
     started_at: datetime | None = None
     terminated_at: datetime | None = None
-    ended_mono: float | None = None
     error_type: str | None = None
     error_message: str | None = None
     termination_reason: str | None = None
+    waiting_reason: str | None = None  # why a PENDING sandbox waits (not persisted)
+    container_id: str | None = None
+    egress: Egress = field(default_factory=Egress)
     sandbox: Sandbox | None = None
-    gw_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    gw_token: str = ""  # the current gateway token in clear (memory only)
+    gw_hash: str = ""
     gw_expires: float = 0.0
-    gw_prev: tuple[str, float] = ("", 0.0)  # the token before the last rotation, and its expiry
-    created_mono: float = field(default_factory=time.monotonic)
-    last_active: float = field(default_factory=time.monotonic)
-    logs: deque[str] = field(default_factory=lambda: deque(maxlen=500))
+    gw_prev: tuple[str, float] = ("", 0.0)  # hash of the token before the last rotation, expiry
+    last_active: float = field(default_factory=time.time)
+    logs: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     sessions: SessionTable | None = None
     active_ops: int = 0
+    store: Store | None = field(default=None, repr=False)
+    _unsaved_logs: list[str] = field(default_factory=list, repr=False)
+    _saved_active: float = field(default=0.0, repr=False)
+    _db_lines: int = field(default=0, repr=False)  # event lines in the database
 
     @property
     def ended(self) -> bool:
         return self.status in ENDED
 
+    @property
+    def deadline(self) -> float:
+        return self.created_at.timestamp() + self.ttl_s
+
     def log(self, line: str) -> None:
-        self.logs.append(f"{utcnow().isoformat(timespec='milliseconds')} {line}")
+        text = f"{utcnow().isoformat(timespec='milliseconds')} {line}"
+        self.logs.append(text)
+        self._unsaved_logs.append(text)
 
     def set_status(self, status: str, **fields: Any) -> None:
         self.status = status
         for k, v in fields.items():
             setattr(self, k, v)
         self.updated_at = utcnow()
+        if status != "PENDING":
+            self.waiting_reason = None
         if status == "RUNNING" and self.started_at is None:
             self.started_at = self.updated_at
         if status in ENDED and self.terminated_at is None:
             self.terminated_at = self.updated_at
-            self.ended_mono = time.monotonic()
         self.log(f"status {status}" + (f" ({self.error_type}: {self.error_message})" if self.error_type else ""))
+        self.save()
+
+    def save(self) -> None:
+        if self.store is not None:
+            self.store.save(self)
 
     def touch(self) -> None:
-        self.last_active = time.monotonic()
+        self.last_active = time.time()
+
+    def gateway_token_ok(self, token: str) -> bool:
+        now = time.time()
+        given = token_hash(token)
+        return any(
+            known and now <= expires and hmac.compare_digest(known, given)
+            for known, expires in ((self.gw_hash, self.gw_expires), self.gw_prev)
+        )
+
+    # ---- rows ----------------------------------------------------------------------------
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "tenant": self.tenant,
+            "status": self.status,
+            "body": self.body.model_dump(mode="json"),
+            "spec": self.spec.model_dump(mode="json") if self.spec is not None else None,
+            "ttl_s": self.ttl_s,
+            "idle_s": self.idle_s,
+            "created_at": self.created_at.timestamp(),
+            "updated_at": self.updated_at.timestamp(),
+            "started_at": _ts(self.started_at),
+            "ended_at": _ts(self.terminated_at),
+            "error_type": self.error_type,
+            "error_message": self.error_message,
+            "termination_reason": self.termination_reason,
+            "container_id": self.container_id,
+            "egress": self.egress.to_row(),
+            "gw_hash": self.gw_hash,
+            "gw_expires": self.gw_expires,
+            "gw_prev": list(self.gw_prev),
+            "last_active": self.last_active,
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> "Record":
+        from sandgym.sandboxes.spec import SandboxSpec
+
+        return cls(
+            id=row["id"],
+            tenant=row["tenant"],
+            body=CreateSandboxBody.model_validate(row["body"]),
+            spec=SandboxSpec.model_validate(row["spec"]) if row.get("spec") else None,
+            ttl_s=row["ttl_s"],
+            idle_s=row["idle_s"],
+            status=row["status"],
+            created_at=_dt(row["created_at"]) or utcnow(),
+            updated_at=_dt(row["updated_at"]) or utcnow(),
+            started_at=_dt(row.get("started_at")),
+            terminated_at=_dt(row.get("ended_at")),
+            error_type=row.get("error_type"),
+            error_message=row.get("error_message"),
+            termination_reason=row.get("termination_reason"),
+            container_id=row.get("container_id"),
+            egress=Egress.from_row(row["egress"]) if row.get("egress") else Egress(),
+            gw_hash=row.get("gw_hash", ""),
+            gw_expires=row.get("gw_expires", 0.0),
+            gw_prev=tuple(row.get("gw_prev") or ("", 0.0)),  # type: ignore[arg-type]
+            last_active=row.get("last_active") or time.time(),
+        )
 
 
 class Store:
-    """Records by id, per tenant, with idempotency keys and live-sandbox quotas."""
+    """Records by id, per tenant, with idempotency keys and per-token quotas, kept in
+    memory and written through to `db`."""
 
-    def __init__(self, *, quota: int, retain_s: float = 3600.0) -> None:
+    def __init__(self, db: StateDB, *, quota: int, quotas: dict[str, int] | None = None, retain_s: float = 3600.0) -> None:
+        self.db = db
         self.quota = quota
+        self.quotas = dict(quotas or {})  # tenant -> its own quota
         self.retain_s = retain_s
         self._by_id: dict[str, Record] = {}
         self._idem: dict[tuple[str, str], str] = {}
+
+    def load(self) -> list[Record]:
+        """Read every record the database holds (at start-up); returns them."""
+        for row in self.db.load():
+            rec = Record.from_row(row)
+            rec.store = self
+            rec.logs.extend(self.db.events(rec.id, LOG_LINES))
+            rec._db_lines = len(rec.logs)
+            self._by_id[rec.id] = rec
+        for tenant, key, sid in self.db.idempotency_keys():
+            if sid in self._by_id:
+                self._idem[(tenant, key)] = sid
+        return list(self._by_id.values())
 
     @staticmethod
     def new_id() -> str:
         # Globally unique: clients spreading over several servers share one auth cache file.
         return "sb" + uuid.uuid4().hex[:22]
 
+    def quota_of(self, tenant: str) -> int:
+        return self.quotas.get(tenant, self.quota)
+
     def add(self, rec: Record, idempotency_key: str | None) -> None:
-        if self.live_count(rec.tenant) >= self.quota:
-            raise QuotaExceeded(
-                f"quota reached: {self.quota} live sandboxes per token; delete some first"
-            )
+        quota = self.quota_of(rec.tenant)
+        if self.live_count(rec.tenant) >= quota:
+            raise QuotaExceeded(f"quota reached: {quota} live sandboxes per token; delete some first")
+        rec.store = self
+        self.db.insert(rec.to_row(), idempotency_key)
         self._by_id[rec.id] = rec
         if idempotency_key:
             self._idem[(rec.tenant, idempotency_key)] = rec.id
+
+    def save(self, rec: Record) -> None:
+        self.db.update(rec.to_row())
+
+    def flush(self) -> None:
+        """Write pending log lines and activity times (batched; called every reaper tick)."""
+        events: list[tuple[str, str]] = []
+        touched: list[tuple[float, str]] = []
+        for rec in self._by_id.values():
+            if rec._unsaved_logs:
+                events += [(rec.id, line) for line in rec._unsaved_logs]
+                rec._db_lines += len(rec._unsaved_logs)
+                rec._unsaved_logs.clear()
+            if rec.last_active != rec._saved_active and not rec.ended:
+                rec._saved_active = rec.last_active
+                touched.append((rec.last_active, rec.id))
+        self.db.add_events(events)
+        self.db.touch_many(touched)
+        for rec in self._by_id.values():
+            if rec._db_lines > 2 * LOG_LINES:  # the log endpoint shows the last LOG_LINES
+                self.db.trim_events(rec.id, LOG_LINES)
+                rec._db_lines = LOG_LINES
 
     def by_idempotency(self, tenant: str, key: str | None) -> Record | None:
         if not key:
@@ -132,9 +294,11 @@ class Store:
 
     def forget_old(self) -> None:
         """Drop records that ended more than `retain_s` ago (and their idempotency keys)."""
-        cutoff = time.monotonic() - self.retain_s
-        old = {rid for rid, r in self._by_id.items() if r.ended_mono is not None and r.ended_mono < cutoff}
+        cutoff = time.time() - self.retain_s
+        old = [rid for rid, r in self._by_id.items() if r.terminated_at is not None and r.terminated_at.timestamp() < cutoff]
         for rid in old:
             del self._by_id[rid]
         if old:
-            self._idem = {k: v for k, v in self._idem.items() if v not in old}
+            gone = set(old)
+            self._idem = {k: v for k, v in self._idem.items() if v not in gone}
+            self.db.forget(old)

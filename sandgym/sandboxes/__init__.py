@@ -8,6 +8,7 @@ in-sandbox exec daemon), contract.py (what every provider must pass).
 from .base import Provider, Sandbox
 from .errors import (
     HookError,
+    ImagePullError,
     SandboxCreateError,
     SandboxError,
     SandboxFileNotFound,
@@ -19,11 +20,12 @@ from .live import LiveProcess
 from .manager import ManagedSandbox, SandboxManager
 from .ownership import prune
 from .registry import PROVIDERS, get_provider
-from .result import ExecResult, SandboxInfo
-from .spec import DEFAULT_IMAGE, SandboxSpec
+from .result import ERROR_TYPES, EgressLogEntry, ExecResult, SandboxInfo
+from .spec import DEFAULT_IMAGE, EgressPolicy, SandboxSpec
 
 __all__ = [
-    "DEFAULT_IMAGE", "PROVIDERS", "ExecResult", "HookError", "Hooks", "LiveProcess", "ManagedSandbox", "Provider",
+    "DEFAULT_IMAGE", "ERROR_TYPES", "PROVIDERS", "EgressLogEntry", "EgressPolicy", "ExecResult", "HookError",
+    "Hooks", "ImagePullError", "LiveProcess", "ManagedSandbox", "Provider",
     "Sandbox", "SandboxCreateError", "SandboxError", "SandboxFileNotFound", "SandboxGoneError",
     "SandboxInfo", "SandboxManager", "SandboxSpec", "SpecError", "get_provider", "prune",
 ]

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from .errors import SandboxError
 from .live import LiveProcess, ShellLiveProcess
-from .result import ExecResult, SandboxInfo
-from .spec import SandboxSpec
+from .result import EgressLogEntry, ExecResult, SandboxInfo
+from .spec import EgressPolicy, SandboxSpec
 
 Command = str | Sequence[str]
 
@@ -94,6 +95,10 @@ class Sandbox(ABC):
     async def close(self) -> None:
         """Destroy the sandbox. Idempotent."""
 
+    async def detach(self) -> None:
+        """Let go of the sandbox without destroying it: release client resources only (a
+        provider with `adopt` can take it over again, e.g. after a server restart)."""
+
     async def exec_many(self, jobs: Sequence[ExecJob], *, parallel: int | None = None) -> list[ExecResult]:
         """Run many commands, results in job order (each as `exec` would return it). This
         default runs them as concurrent `exec` calls, at most `parallel` (default 8) at once;
@@ -139,6 +144,26 @@ class Sandbox(ABC):
             return (await self.exec(["true"], timeout=10)).exit_code == 0
         except Exception:
             return False
+
+    async def set_egress(self, policy: EgressPolicy | None) -> None:
+        """Change where this running sandbox may connect (None: nowhere). Takes effect for
+        new connections at once. Providers that cannot raise SandboxError (this default)."""
+        raise SandboxError(f"the {self.provider} provider cannot change a running sandbox's egress")
+
+    async def egress_log(self) -> list[EgressLogEntry]:
+        """The connections this sandbox made (or tried) through its egress proxy, oldest
+        first. Empty for a sandbox without egress; SandboxError where a provider keeps none."""
+        if self.spec.egress is None:
+            return []
+        raise SandboxError(f"the {self.provider} provider keeps no egress log")
+
+    async def info(self) -> SandboxInfo:
+        """Its status now: "running", or not running with `error_type` (result.ErrorType)
+        saying why when the provider knows. This default can only tell running from LOST."""
+        if await self.alive():
+            return SandboxInfo(id=self.id, provider=self.provider, image=self.spec.image)
+        return SandboxInfo(id=self.id, provider=self.provider, image=self.spec.image, status="gone",
+                           error_type="LOST", error_message="the sandbox does not answer")
 
     def resolve(self, path: str) -> str:
         return path if path.startswith("/") else f"{self.spec.workdir}/{path}"

@@ -10,7 +10,22 @@ class SandboxCreateError(SandboxError):
 
 
 class SandboxGoneError(SandboxError):
-    """The sandbox no longer exists (destroyed, crashed or reaped)."""
+    """The sandbox no longer exists (destroyed, crashed or reaped).
+
+    `reason` is the provider's verdict when it knows one (result.ErrorType: OOM_KILLED,
+    TIMEOUT, EXITED, REMOVED, LOST), else None; `Sandbox.info()` gives the same later.
+    """
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class ImagePullError(SandboxCreateError):
+    """The image could not be pulled from its registry (the engine's message included).
+    Not retried: pulling again will not help until someone fixes the name or the registry."""
+
+    retryable = False
 
 
 class SandboxFileNotFound(SandboxError, FileNotFoundError):

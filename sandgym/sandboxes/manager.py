@@ -33,8 +33,8 @@ from .hooks import Hook, Hooks
 from .live import LiveProcess
 from .ownership import PruneReport, new_run_id, owner_labels, prune
 from .registry import get_provider
-from .result import ExecResult
-from .spec import SandboxSpec
+from .result import EgressLogEntry, ExecResult, SandboxInfo
+from .spec import EgressPolicy, SandboxSpec
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +112,20 @@ class ManagedSandbox(Sandbox):
     async def alive(self) -> bool:
         return await self.inner.alive()
 
+    async def set_egress(self, policy: EgressPolicy | None) -> None:
+        await self.inner.set_egress(policy)
+
+    async def egress_log(self) -> list[EgressLogEntry]:
+        return await self.inner.egress_log()
+
+    async def info(self) -> SandboxInfo:
+        return await self.inner.info()
+
     async def close(self) -> None:
         await self._manager.release(self)
+
+    async def detach(self) -> None:
+        await self.inner.detach()
 
     def __repr__(self) -> str:
         return f"<ManagedSandbox {self.provider}:{self.id[:12]} {self.spec.image}>"
@@ -343,6 +355,8 @@ class SandboxManager:
                 except SpecError:
                     raise
                 except Exception as exc:
+                    if getattr(exc, "retryable", True) is False:  # e.g. ImagePullError
+                        raise
                     self.stats["create_failures"] += 1
                     log.warning("create attempt %d/%d failed: %r", attempt + 1, self.create_retries + 1, exc)
                     last = exc
@@ -384,6 +398,35 @@ class SandboxManager:
             if not slot_already_counted:
                 self._slots.release()
                 self._notify()
+
+    # ---- adopt / detach (a server that outlives its process: sandgym serve) ---------------
+
+    def adopt(self, inner: Sandbox, *, age_s: float = 0.0) -> ManagedSandbox:
+        """Take over a running sandbox made earlier (`provider.adopt`), leased, holding a
+        slot; `age_s` is how long it has existed (its TTL counts from its creation). Raises
+        RuntimeError when every slot is taken."""
+        try:
+            self._slots.acquire_nowait()
+        except anyio.WouldBlock:
+            raise RuntimeError(f"cannot adopt {inner.id}: all {self.max_sandboxes} slots are taken") from None
+        sb = ManagedSandbox(inner, self)
+        sb.created_at = time.monotonic() - max(0.0, age_s)
+        sb.leased = True
+        self._live[sb.id] = sb
+        return sb
+
+    async def detach(self, sb: ManagedSandbox) -> None:
+        """Let go of a leased sandbox without destroying it (another process may adopt it):
+        it leaves this manager and frees its slot; `close()` will not touch it."""
+        if self._live.pop(sb.id, None) is None:
+            return
+        sb.leased = False
+        try:
+            with anyio.CancelScope(shield=True):
+                await sb.inner.detach()
+        finally:
+            self._slots.release()
+            self._notify()
 
     # ---- warm pools ------------------------------------------------------------------
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .egress.rules import parse_entries
 
 DEFAULT_IMAGE = "sandgym/python:latest"
 
@@ -26,12 +28,65 @@ def host_cpus() -> int:
         return os.cpu_count() or 1
 
 
+Profile = Literal["strict", "vm"]
+PullPolicy = Literal["missing", "never", "always"]
+
+
+class EgressPolicy(BaseModel):
+    """Where a sandbox may open connections, enforced outside it (docker: a host-side proxy).
+
+    `allow` entries: `*` (any public destination), host names (`pypi.org`, on ports 80/443),
+    leftmost wildcards (`*.pythonhosted.org`), `host:port` / `host:lo-hi`, IPv4 addresses and
+    CIDRs (any port unless given), and `host.sandgym.internal[:PORT]` for the engine host's
+    loopback services the operator exposes. `deny` uses the same entries and wins over
+    `allow`. `EgressPolicy(allow=())` allows nothing yet keeps the egress plumbing, so
+    `Sandbox.set_egress` can open it later. See sandgym/sandboxes/egress/rules.py.
+    Bad entries raise ValueError naming the entry.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    allow: tuple[str, ...]
+    deny: tuple[str, ...] = ()
+
+    @field_validator("allow", "deny", mode="before")
+    @classmethod
+    def _entries(cls, v: Any, info: Any) -> tuple[str, ...]:
+        if v is None:
+            return ()
+        return tuple(r.text for r in parse_entries(v, info.field_name))
+
+    @classmethod
+    def anything(cls) -> "EgressPolicy":
+        """Any public destination (what `network=True` means)."""
+        return cls(allow=("*",))
+
+    @classmethod
+    def nothing(cls) -> "EgressPolicy":
+        """No destination, but changeable later with `set_egress`."""
+        return cls(allow=())
+
+
 class SandboxSpec(BaseModel):
     """An immutable description of a sandbox. Defaults are safe for untrusted code.
 
-    `network` is off by default; `user` is the image's non-root `sandbox` user; the root
-    file system is read-only and `workdir` and /tmp are size-limited tmpfs mounts of
-    `disk_mb` each (docker provider).
+    `profile`:
+    - `strict` (default; scoring untrusted code): the image's non-root user (uid 1000 when
+      the image has none), a read-only root file system, and `disk_mb` of writable space
+      for `workdir` and /tmp together (docker: a per-sandbox ext4 file system when the
+      engine has the sandgym runtimes, else two tmpfs mounts of `disk_mb` each, which count
+      against memory).
+    - `vm` (what Prime/E2B users expect): root by default (`user` may name another), a
+      writable root file system whose writes are capped at `disk_mb` (ENOSPC past it, not
+      charged to memory), /work and /app present. The docker provider runs it under gVisor
+      (runtime `runsc`) and refuses it without, unless the operator opted out visibly
+      (`SANDGYM_ALLOW_VM_WITHOUT_GVISOR=1` or `DockerProvider(allow_vm_without_gvisor=True)`).
+
+    `egress`: None (default) = no network at all. An `EgressPolicy` opens the listed
+    destinations through the provider's egress proxy (HTTP(S)_PROXY inside; CONNECT for
+    TLS). `network=True` is shorthand for `egress=EgressPolicy.anything()`; `network` always
+    mirrors `egress is not None` (read `egress`). `image_pull`: pull the image from its
+    registry when it is `missing` locally (default), `never`, or `always`.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -44,7 +99,10 @@ class SandboxSpec(BaseModel):
     disk_mb: Annotated[int, Field(ge=1, le=1024 * 1024, description="Writable space, MiB.")] = 256
     pids: Annotated[int, Field(ge=8, le=1_000_000, description="Max processes.")] = 256
     gpus: Annotated[int, Field(ge=0, le=64, description="GPUs to expose.")] = 0
-    network: bool = Field(False, description="Allow network access (off by default).")
+    network: bool = Field(False, description="Shorthand: True = egress to anything public. Mirrors `egress`.")
+    profile: Profile = Field("strict", description="Isolation profile: strict (default) or vm.")
+    egress: EgressPolicy | None = Field(None, description="Outbound network policy; None = no network.")
+    image_pull: PullPolicy = Field("missing", description="Pull the image when missing|never|always.")
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str = Field("/workspace", description="Absolute working directory.")
     user: str | None = Field(None, description="User to run as; None = image's non-root default.")
@@ -52,6 +110,20 @@ class SandboxSpec(BaseModel):
     exec_timeout_s: Annotated[float, Field(gt=0, le=86400, description="Default exec timeout.")] = 60.0
     output_limit_bytes: Annotated[int, Field(ge=1024, le=1 << 30, description="Per-stream cap.")] = 1 << 20
     labels: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _network_shorthand(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        network, egress = data.get("network"), data.get("egress")
+        if network is True and egress is None:
+            data["egress"] = EgressPolicy.anything()
+        elif network is False and egress is not None:
+            raise ValueError("network=False contradicts an egress policy; leave network unset (it mirrors egress)")
+        data["network"] = data.get("egress") is not None
+        return data
 
     @field_validator("cpu")
     @classmethod

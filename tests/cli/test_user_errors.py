@@ -55,6 +55,16 @@ CASES = [
     (["swe", "debug", "{tmp}/missing.jsonl"], "cannot load tasks"),
     (["swe", "debug", "bundled", "--step", "bogus"], "unknown step 'bogus'"),
     (["swe", "debug", "bundled", "--provider", "nope"], "unknown provider 'nope'"),
+    (["sandbox", "run", "--profile", "bogus", "--", "true"], "profile: Input should be 'strict' or 'vm'"),
+    (["sandbox", "run", "--egress-allow", "pypi.org,http://x", "--", "true"], "egress entry 'http://x' is not a host"),
+    (["sandbox", "run", "--pull", "sometimes", "--", "true"], "image_pull: Input should be 'missing', 'never' or 'always'"),
+    (["sandbox", "run", "--image-alias", "foo", "--", "true"], "--image-alias wants NAME=LOCAL_IMAGE"),
+]
+# Refusals that need the engine to decide (still before anything is made).
+DOCKER_CASES = [
+    (["sandbox", "run", "--disk-mb", "1048576", "--", "true"], "disk_mb=1048576 is more than this host can still promise"),
+    (["sandbox", "run", "--pull", "never", "--image", "sandgym/no-such:1", "--", "true"], "image_pull='never'"),
+    (["sandbox", "run", "--image", "sandgym/no-such:1", "--", "true"], "pulling it failed"),
 ]
 
 
@@ -71,6 +81,18 @@ def test_user_error_is_one_line_and_exit_2(configs: Path, argv: list[str], says:
     assert verbose.returncode == 2
     assert "Traceback (most recent call last)" in verbose.stderr and not BOX & set(verbose.stderr)
     assert verbose.stderr.splitlines()[-1] == lines[0]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize(("argv", "says"), DOCKER_CASES, ids=[" ".join(a[2:4]) for a, _ in DOCKER_CASES])
+def test_sandbox_refusals_are_one_line(argv: list[str], says: str) -> None:
+    from tests.conftest import require_docker
+
+    require_docker()
+    proc = sandgym(*argv)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], proc.stderr
 
 
 def test_a_commands_own_verbose_flag_shows_the_traceback_too(configs: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 from prime_sandboxes import APIClient, APIError, CreateSandboxRequest, SandboxClient
 from prime_sandboxes._proto.command_session import command_session_pb2 as pb
 
+from sandgym.platform.store import token_hash
 from sandgym.platform.testing import ServerThread, serve_in_thread
 
 from .conftest import IMAGE, TOKEN_A, backend
@@ -36,7 +37,7 @@ def _start(cmd: str) -> bytes:
 @pytest.fixture(scope="module")
 def sandbox(server: ServerThread) -> Iterator[tuple[SandboxClient, str]]:
     c = SandboxClient(APIClient())
-    sb = c.create(CreateSandboxRequest(name=f"w-{uuid.uuid4().hex[:6]}", docker_image=IMAGE, memory_gb=0.5))
+    sb = c.create(CreateSandboxRequest(name=f"w-{uuid.uuid4().hex[:6]}", docker_image=IMAGE, memory_gb=0.5, disk_size_gb=0.25))
     try:
         c.wait_for_creation(sb.id)
         yield c, sb.id
@@ -83,8 +84,11 @@ def test_connect_bad_input_is_not_a_500(server: ServerThread, sandbox: tuple[San
     assert r.status_code == 501 and r.json()["code"] == "unimplemented"
     r = httpx.post(_rpc_url(auth, "SendSignal"), content=b"", headers={**h, "Content-Type": "application/proto"})
     assert r.status_code == 404 and r.json()["code"] == "not_found"  # no such session
+    # A content type Connect does not define: 415, naming the ones it takes (Connect spec).
     r = httpx.post(_rpc_url(auth), content=_start("true"), headers={**h, "Content-Type": "text/plain"})
-    assert r.status_code == 200 and b"invalid_argument" in r.content
+    assert r.status_code == 415 and "application/connect+proto" in r.headers["accept-post"], r.text
+    r = httpx.post(_rpc_url(auth, "SendInput"), content=b"", headers={**h, "Content-Type": "application/xml"})
+    assert r.status_code == 415 and "application/proto" in r.json()["message"]
     base = f"{auth['gateway_url']}/{auth['user_ns']}/{auth['job_id']}"
     r = httpx.get(f"{base}/read-file", params={"path": "/etc/hostname", "offset": "x"}, headers={"Authorization": f"Bearer {auth['token']}"})
     assert r.status_code == 422 and "offset" in r.text
@@ -97,7 +101,8 @@ def test_rotated_gateway_token_is_recovered_by_the_sdk(server: ServerThread, san
     assert c.execute_command(sid, "echo before").stdout == "before\n"  # caches a gateway token
     rec = server.service.store.get_any(sid)
     assert rec is not None
-    rec.gw_token = "rotated-" + uuid.uuid4().hex  # as after a restart: the cached token is stale
+    rec.gw_token = "rotated-" + uuid.uuid4().hex  # the cached token is stale
+    rec.gw_hash, rec.gw_prev = token_hash(rec.gw_token), ("", 0.0)
     # The SDK gets `unauthenticated`, re-authenticates once and retries.
     assert c.execute_command(sid, "echo after").stdout == "after\n"
     assert c.read_file(sid, "/etc/hostname").size > 0
@@ -108,7 +113,7 @@ def test_expired_gateway_token_gets_401(isolated_home: str) -> None:
         api = APIClient(api_key="tok")
         api.base_url = srv.url
         c = SandboxClient(api)
-        sb = c.create(CreateSandboxRequest(name="exp", docker_image=IMAGE, memory_gb=0.5))
+        sb = c.create(CreateSandboxRequest(name="exp", docker_image=IMAGE, memory_gb=0.5, disk_size_gb=0.25))
         try:
             c.wait_for_creation(sb.id)
             auth = httpx.post(f"{srv.url}/api/v1/sandbox/{sb.id}/auth", headers={"Authorization": "Bearer tok"}).json()

@@ -22,8 +22,8 @@ anything that reaches the host.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 Outcome = Literal["any", "timed_out", "oom_or_failed", "truncated", "ok"]
 
@@ -48,6 +48,13 @@ class Hostile:
     # provider -> why it is not contained there (documented in docs/security.md); the test
     # is a strict xfail, so closing the gap makes it fail until this entry is removed
     known_gaps: dict[str, str] = field(default_factory=dict)
+    # Under profile vm (root, writable root, gVisor) some checks mean something else (root
+    # may read the image's /etc/shadow, holds a few capabilities): field -> value to use
+    # there, each with its reason in a comment where it is set.
+    vm: dict[str, Any] = field(default_factory=dict)
+
+    def for_vm(self) -> "Hostile":
+        return replace(self, **self.vm) if self.vm else self
 
     def render(self, **values: str) -> str:
         out = self.script
@@ -166,6 +173,10 @@ CORPUS: tuple[Hostile, ...] = (
         "ls /root 2>/dev/null | head -1 | grep -q . && echo ESCAPED root-home; echo scanned",
         forbidden=(ESCAPED, "{SECRET}"),
         required=("scanned",),
+        # vm: root reads the image's own /etc/shadow (its file, not the host's); the rest holds.
+        vm={"script": "cat {SECRET_PATH} 2>/dev/null; cat /proc/1/root{SECRET_PATH} 2>/dev/null; "
+            "grep -l \"{HOSTMARK_A}\"\"{HOSTMARK_B}\" /proc/[0-9]*/cmdline 2>/dev/null && echo ESCAPED host-procs-visible; "
+            "ls /root 2>/dev/null | head -1 | grep -q . && echo ESCAPED root-home; echo scanned"},
     ),
     Hostile(
         "docker_socket",
@@ -190,6 +201,18 @@ CORPUS: tuple[Hostile, ...] = (
         "[ \"$(id -u)\" = 0 ] && [ -w /etc ] && echo ESCAPED root-writes-etc; "
         "grep -E '^(CapEff|CapPrm|CapAmb)' /proc/self/status",
         required=("CapEff:\t0000000000000000", "CapPrm:\t0000000000000000", "CapAmb:\t0000000000000000"),
+        # vm: the user is root on purpose, holding only CHOWN DAC_OVERRIDE FOWNER FSETID KILL
+        # SETGID SETUID (0xfb; gVisor's /proc has no CapAmb line). What root must still not do: mount, chroot, make devices,
+        # write kernel settings, load modules, raw sockets, ptrace-attach.
+        vm={"script": "mkdir -p /tmp/m && mount -t tmpfs none /tmp/m 2>/dev/null && echo ESCAPED mount; "
+            "chroot / true 2>/dev/null && echo ESCAPED chroot; "
+            "mknod /tmp/sda b 8 0 2>/dev/null && echo ESCAPED mknod; "
+            "(echo x > /proc/sys/kernel/hostname) 2>/dev/null && echo ESCAPED sysctl; "
+            "(echo 1 > /proc/sysrq-trigger) 2>/dev/null && echo ESCAPED sysrq; "
+            "python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1); print(\"ESCAPED raw\")' 2>/dev/null; "
+            "python3 -c 'import ctypes; l=ctypes.CDLL(None); print(\"ESCAPED ptrace\") if l.ptrace(16, 1, 0, 0) == 0 else None' 2>/dev/null; "
+            "grep -E '^(CapEff|CapPrm|CapAmb)' /proc/self/status",
+            "required": ("CapEff:\t00000000000000fb", "CapPrm:\t00000000000000fb")},
     ),
     Hostile(
         "user_namespace_root",
@@ -198,6 +221,11 @@ CORPUS: tuple[Hostile, ...] = (
         "unshare -r sh -c 'echo ESCAPED unshare-r' 2>/dev/null; "
         "unshare -Urm sh -c 'mount -t tmpfs none /tmp && echo ESCAPED userns-mount' 2>/dev/null; echo tried",
         required=("tried",),
+        # vm: gVisor implements user namespaces in its own kernel (the sentry): creating one
+        # reaches no host kernel code, which is the attack surface this guards. Docker's seccomp
+        # profile, which forbids it under runc, cannot be applied inside this gVisor build
+        # (with --oci-seccomp threads fail to start). So it may succeed there, harmlessly.
+        vm={"forbidden": ()},
         known_gaps={
             "local": "bwrap is started without --disable-userns: execs enter with nsenter as "
             "the sandbox uid, and with a nested user namespace nsenter can no longer join the "

@@ -37,7 +37,7 @@ def _wait_running(client: httpx.Client, sid: str, token: str) -> dict[str, Any]:
         r = client.get(f"/api/v1/sandbox/{sid}", headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 200, r.text
         doc = r.json()
-        if doc["status"] != "PENDING" or time.monotonic() > deadline:
+        if doc["status"] not in ("PENDING", "PROVISIONING") or time.monotonic() > deadline:
             return doc
         time.sleep(0.05)
 

@@ -6,8 +6,10 @@ process alive, its loopback listeners unreached and still serving, its secret fi
 that the sandbox is gone (from the provider's list, and for docker-backed ones from the
 engine) with no process of it left on the host, and that the next sandbox starts clean.
 
-Providers: docker (the engine), local (only where bubblewrap works: plain mode claims no
-isolation), prime (our `sandgym serve` on 127.0.0.1 in front of docker).
+Providers: docker (the engine, profile strict), docker-vm (profile vm: root with a writable
+root under gVisor; programs whose outcome differs there say so in `Hostile.vm`), local (only
+where bubblewrap works: plain mode claims no isolation), prime (our `sandgym serve` on
+127.0.0.1 in front of docker).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 SPEC = SandboxSpec(
     memory_mb=MEMORY_MB, disk_mb=DISK_MB, pids=PIDS, cpu=1.0, exec_timeout_s=30, output_limit_bytes=OUTPUT_LIMIT
 )
-PROVIDERS = ("docker", "local", "prime")
+VM_SPEC = SPEC.model_copy(update={"profile": "vm"})
+PROVIDERS = ("docker", "docker-vm", "local", "prime")
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +58,15 @@ async def iso_provider(request: pytest.FixtureRequest) -> AsyncIterator[Provider
     if name == "docker":
         require_docker()
         p: Provider = get_provider("docker")
+    elif name == "docker-vm":
+        require_docker()
+        p = get_provider("docker")
+        try:
+            p.check(VM_SPEC)
+        except Exception as exc:
+            await p.aclose()
+            pytest.skip(f"profile vm is unavailable here: {exc}")
+        p.variant = "docker-vm"  # type: ignore[attr-defined]
     elif name == "local":
         from sandgym.sandboxes.providers.local import LocalProvider
 
@@ -107,6 +119,8 @@ async def _gone(provider: Provider, sandbox_id: str, labels: dict[str, str]) -> 
 
 
 def _check_outcome(prog: Hostile, provider: str, res: Any, values: dict[str, str]) -> None:
+    vm = provider == "docker-vm"
+    provider = "docker" if vm else provider
     out = res.stdout + "\n" + res.stderr
     for f in prog.forbidden:
         f = f.replace("{SECRET}", values["SECRET"])
@@ -117,6 +131,8 @@ def _check_outcome(prog: Hostile, provider: str, res: Any, values: dict[str, str
         assert res.timed_out and res.exit_code == 124, (res, out[-2000:])
     elif prog.outcome == "oom_or_failed":
         assert res.exit_code != 0 and not res.timed_out, (res, out[-2000:])
+        if vm:  # gVisor's kernel refuses the memory itself (MemoryError, bash's own error) or
+            return  # the whole sandbox is OOM-killed (SandboxGoneError, checked by the caller)
         if provider == "docker" or res.exit_code == 137:  # the memory cgroup's verdict is reported
             # (prime: the SDK's wire format has no OOM flag, so only the 137 comes through)
             assert res.exit_code == 137 and (res.oom_killed or provider == "prime"), res
@@ -131,8 +147,11 @@ def _check_outcome(prog: Hostile, provider: str, res: Any, values: dict[str, str
 async def test_hostile_program_is_contained(
     iso_provider: Provider, prog: Hostile, host_witness: HostWitness, request: pytest.FixtureRequest
 ) -> None:
-    name = iso_provider.name
-    if name not in prog.providers:
+    name = getattr(iso_provider, "variant", iso_provider.name)
+    spec = VM_SPEC if name == "docker-vm" else SPEC
+    if name == "docker-vm":
+        prog = prog.for_vm()
+    if iso_provider.name not in prog.providers:
         pytest.skip(f"{prog.name} is not run on {name}")
     if name in prog.known_gaps:
         request.applymarker(pytest.mark.xfail(reason=prog.known_gaps[name], strict=True))
@@ -147,18 +166,19 @@ async def test_hostile_program_is_contained(
         "TCP_PORT": str(host_witness.tcp_port),
         "UDP_PORT": str(host_witness.udp_port),
     }
-    assert not SPEC.network  # the corpus's one non-loopback connect() relies on this
+    assert not spec.network  # the corpus's one non-loopback connect() relies on this
     labels = owner_labels("sec-" + sbx)
-    sb = await iso_provider.create(SPEC, labels)
+    sb = await iso_provider.create(spec, labels)
     try:
         # A trace the next sandbox must not see.
-        seed = await sb.exec(f"echo {sbx} > {SPEC.workdir}/.trace-{sbx} && echo {sbx} > /tmp/.trace-{sbx}")
+        seed = await sb.exec(f"echo {sbx} > {spec.workdir}/.trace-{sbx} && echo {sbx} > /tmp/.trace-{sbx}")
         assert seed.exit_code == 0, seed
         script = prog.render(**values)
         try:
             res = await sb.exec(script, timeout=prog.timeout)
-        except SandboxGoneError:
-            assert prog.gone_ok, f"{name}/{prog.name}: the sandbox died"
+        except SandboxGoneError as exc:
+            oom_kill = name == "docker-vm" and prog.outcome == "oom_or_failed" and exc.reason == "OOM_KILLED"
+            assert prog.gone_ok or oom_kill, f"{name}/{prog.name}: the sandbox died ({exc.reason}): {exc}"
         else:
             _check_outcome(prog, name, res, values)
             if prog.gone_ok:  # still there or reported gone; never a hang or another error
@@ -185,9 +205,9 @@ async def test_hostile_program_is_contained(
     host_witness.assert_unaffected()
 
     # The next sandbox starts clean.
-    nxt = await iso_provider.create(SPEC, labels)
+    nxt = await iso_provider.create(spec, labels)
     try:
-        res = await nxt.exec(f"ls -A {SPEC.workdir} /tmp; ps -eo args 2>/dev/null || ls /proc")
+        res = await nxt.exec(f"ls -A {spec.workdir} /tmp; ps -eo args 2>/dev/null || ls /proc")
         assert res.exit_code == 0, res
         assert sbx not in res.stdout, f"{name}: the next sandbox sees the previous one's traces:\n{res.stdout}"
     finally:

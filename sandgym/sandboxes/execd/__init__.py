@@ -14,6 +14,8 @@ See client.py's docstring for how a provider starts it.
 from .client import (
     CONTAINER_EXECD_DIR,
     CONTAINER_SOCKET_DIR,
+    EGRESS_PORT,
+    EGRESS_SOCKET_NAME,
     EXECD_DIR,
     SERVER_PATH,
     SOCKET_NAME,
@@ -28,6 +30,8 @@ from .transport import ExecdTransport
 __all__ = [
     "CONTAINER_EXECD_DIR",
     "CONTAINER_SOCKET_DIR",
+    "EGRESS_PORT",
+    "EGRESS_SOCKET_NAME",
     "EXECD_DIR",
     "SERVER_PATH",
     "SOCKET_NAME",

@@ -71,8 +71,15 @@ _BROKEN = (
 OutputCallback = Callable[[str, bytes], Awaitable[None] | None]
 
 
-def execd_command(ttl_s: float | None = None, socket_path: str | None = None) -> list[str]:
-    """The container command that runs execd from its read-only mount."""
+EGRESS_PORT = 3128  # the relay's port inside a sandbox with egress (HTTP(S)_PROXY points here)
+EGRESS_SOCKET_NAME = "egress.sock"
+
+
+def execd_command(
+    ttl_s: float | None = None, socket_path: str | None = None, *, egress: bool = False
+) -> list[str]:
+    """The container command that runs execd from its read-only mount; with `egress`, execd
+    also relays 127.0.0.1:EGRESS_PORT to the egress socket next to its own."""
     cmd = [
         "python3",
         "-I",
@@ -82,6 +89,8 @@ def execd_command(ttl_s: float | None = None, socket_path: str | None = None) ->
     ]
     if ttl_s:
         cmd += ["--ttl", str(float(ttl_s))]
+    if egress:
+        cmd += ["--egress-port", str(EGRESS_PORT), "--egress-socket", f"{CONTAINER_SOCKET_DIR}/{EGRESS_SOCKET_NAME}"]
     return cmd
 
 

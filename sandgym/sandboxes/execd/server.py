@@ -756,10 +756,23 @@ def _not_dumpable() -> None:
         pass
 
 
+def _start_egress_relay(port: int, uds_path: str) -> None:
+    """Load egress_relay.py from this file's folder (-I keeps it off sys.path) and start it."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "egress_relay.py")
+    spec = importlib.util.spec_from_file_location("sandgym_egress_relay", path)
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    mod.start(port, uds_path)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description="sandgym execd: the in-sandbox exec daemon")
     ap.add_argument("--socket", required=True, help="unix socket path to listen on")
     ap.add_argument("--ttl", type=float, default=None, help="exit after this many seconds")
+    ap.add_argument("--egress-port", type=int, default=None, help="relay 127.0.0.1:PORT ...")
+    ap.add_argument("--egress-socket", default=None, help="... to this unix socket (egress_relay.py)")
     args = ap.parse_args(argv)
     started = time.monotonic()
     ttl = args.ttl if args.ttl and args.ttl > 0 else None
@@ -786,6 +799,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         threading.Thread(target=reaper, name="reaper", daemon=True).start()
 
     _not_dumpable()
+    if args.egress_port and args.egress_socket:
+        _start_egress_relay(args.egress_port, args.egress_socket)
     sock, ident = _listen(args.socket)
     try:
         while True:

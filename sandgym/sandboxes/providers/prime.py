@@ -29,7 +29,8 @@ from ..base import Command, Sandbox, as_bytes, shell_argv
 from ..errors import SandboxCreateError, SandboxError, SandboxFileNotFound, SandboxGoneError
 from ..output import CappedBuffer
 from ..result import ExecResult, SandboxInfo
-from ..spec import SandboxSpec
+from ..errors import SpecError
+from ..spec import EgressPolicy, SandboxSpec
 
 TIMEOUT_EXIT = 124
 _DEADLINE_GRACE_MS = 5000
@@ -104,6 +105,20 @@ class PrimeSandbox(Sandbox):
         if self._closed:
             raise SandboxGoneError(f"sandbox {self.id} is closed")
 
+    async def set_egress(self, policy: EgressPolicy | None) -> None:
+        """Prime's egress policy endpoint (set_network)."""
+        self._live()
+        net = prime_network(policy)
+        allow, deny = net["network_allowlist"], net["network_denylist"]
+        if allow is not None and not allow:  # nothing: Prime's "deny everything"
+            allow, deny = None, ["*"]
+        elif deny is not None and not deny:  # anything
+            allow, deny = ["*"], None
+        try:
+            await self.endpoint.client.set_network(self.id, allow=allow, deny=deny)
+        except Exception as exc:
+            raise SandboxError(f"set_network on {self.id} failed: {exc}") from exc
+
     async def exec(
         self,
         cmd: Command,
@@ -124,7 +139,7 @@ class PrimeSandbox(Sandbox):
             script = f"exec < {stdin_path}; rm -f {stdin_path}; {script}"
         workdir = self.resolve(cwd) if cwd else self.spec.workdir
         t0 = time.monotonic()
-        out, err, code, timed_out = await self._run(script, {**self.spec.env, **(env or {})}, workdir, timeout)
+        out, err, code, timed_out, cut = await self._run(script, {**self.spec.env, **(env or {})}, workdir, timeout)
         limit = self.spec.output_limit_bytes
         so, se = CappedBuffer(limit), CappedBuffer(limit)
         so.write(out)
@@ -135,11 +150,11 @@ class PrimeSandbox(Sandbox):
             stderr_bytes=se.getvalue(),
             duration_s=time.monotonic() - t0,
             timed_out=timed_out,
-            truncated=so.truncated or se.truncated,
+            truncated=cut or so.truncated or se.truncated,
             output_limit=limit,
         )
 
-    async def _run(self, script: str, env: dict[str, str], cwd: str, timeout: float) -> tuple[bytes, bytes, int, bool]:
+    async def _run(self, script: str, env: dict[str, str], cwd: str, timeout: float) -> tuple[bytes, bytes, int, bool, bool]:
         from connectrpc.client import ConnectClient
         from connectrpc.code import Code
         from connectrpc.errors import ConnectError
@@ -159,6 +174,7 @@ class PrimeSandbox(Sandbox):
             rpc = ConnectClient(base, codec=GOOGLE_PROTOBUF_BINARY_CODEC, send_compression=None)
             out, err = bytearray(), bytearray()
             code: int | None = None
+            truncated = False
             try:
                 ms = max(1, math.ceil(timeout * 1000))
                 stream = rpc.execute_server_stream(
@@ -168,20 +184,26 @@ class PrimeSandbox(Sandbox):
                     # deadline_exceeded once it is gone; the Connect deadline is later, so
                     # that answer (not our own timer) ends the call. Other servers ignore
                     # the header and allow the command the grace too.
-                    headers={"Authorization": f"Bearer {auth['token']}", "x-sandgym-exec-timeout-ms": str(ms)},
+                    headers={
+                        "Authorization": f"Bearer {auth['token']}",
+                        "x-sandgym-exec-timeout-ms": str(ms),
+                        "x-sandgym-truncation": "status",
+                    },
                     timeout_ms=ms + _DEADLINE_GRACE_MS,
                 )
                 async for event in stream:
                     c = collect_command_session_start_event(event, out, err)
                     if c is not None:
                         code = c
+                        # `sandgym serve` says in the end event when it cut the output.
+                        truncated = "output truncated" in event.event.end.status
             except ConnectError as e:
                 if e.code == Code.UNAUTHENTICATED and not reauthed:
                     reauthed = True
                     await client._auth_cache.invalidate(self.id)
                     continue
                 if e.code == Code.DEADLINE_EXCEEDED:
-                    return bytes(out), bytes(err), TIMEOUT_EXIT, True
+                    return bytes(out), bytes(err), TIMEOUT_EXIT, True, False
                 if e.code == Code.NOT_FOUND:
                     raise SandboxGoneError(f"sandbox {self.id} is gone: {e.message}") from e
                 raise SandboxError(f"exec in {self.id} failed ({e.code.value}): {e.message}") from e
@@ -189,7 +211,7 @@ class PrimeSandbox(Sandbox):
                 await rpc.close()
             if code is None:
                 raise SandboxError(f"exec in {self.id}: command stream ended without an exit code")
-            return bytes(out), bytes(err), code, False
+            return bytes(out), bytes(err), code, False, truncated
 
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         self._live()
@@ -283,7 +305,7 @@ class PrimeProvider:
 
     def check(self, spec: SandboxSpec) -> None:
         # The endpoint validates image, resources and GPUs itself (422 / ERROR) at create.
-        return None
+        prime_network(spec.egress)
 
     def _pick(self) -> _Endpoint:
         n = len(self.endpoints)
@@ -307,6 +329,9 @@ class PrimeProvider:
             timeout_minutes=max(1, math.ceil(spec.ttl_s / 60)) if spec.ttl_s else -1,
             environment_vars=dict(spec.env) or None,
             labels=_labels_to_prime(all_labels),
+            # egress=None sends no network fields: the endpoint's default applies, which is
+            # no network on `sandgym serve` (an operator may set another default there).
+            **(prime_network(spec.egress) if spec.egress is not None else {}),
         )
         try:
             made = await ep.client.create(req)
@@ -376,3 +401,19 @@ class PrimeProvider:
         """Live sandboxes this provider made, per endpoint."""
         return {e.url: len(e.live) for e in self.endpoints}
 
+
+
+def prime_network(policy: EgressPolicy | None) -> dict[str, list[str] | None]:
+    """An EgressPolicy as Prime's create fields: exactly one of an allow-list (nothing: [])
+    or a deny-list (anything but these; [] = unrestricted). SpecError when it needs both."""
+    if policy is None:
+        return {"network_allowlist": [], "network_denylist": None}
+    anything = "*" in policy.allow
+    if anything:
+        return {"network_allowlist": None, "network_denylist": list(policy.deny)}
+    if policy.deny:
+        raise SpecError(
+            "egress: Prime takes an allow-list or a deny-list, not both; use allow=['*'] with a deny-list, "
+            "or an allow-list alone"
+        )
+    return {"network_allowlist": list(policy.allow), "network_denylist": None}

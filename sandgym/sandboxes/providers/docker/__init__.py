@@ -9,6 +9,10 @@ Everything that knows about Docker lives in this folder:
 - live.py       live processes (stdin, signals, streamed output) over the Docker exec API
 - demux.py      Docker's attach stream: the one frame parser and socket reader
 - images.py     building the sandbox images with no container registry
+- pull.py       images from registries: pull policy, credentials, progress
+- disk.py       per-sandbox ext4 disks (quota without memory)
+- runtime/      the gVisor / runc-sandgym runtime wrapper, the statx shim, their installer
+- events.py     why a container died, from the engine's event stream
 """
 
 from .provider import DockerProvider, DockerSandbox

@@ -42,7 +42,7 @@ from pydantic import BaseModel, Field
 from ...base import Command, Sandbox, as_bytes, shell_argv
 from ...errors import SandboxCreateError, SandboxError, SandboxGoneError, SpecError
 from ...result import ExecResult, SandboxInfo
-from ...spec import LABEL_HOST, LABEL_PID, SandboxSpec, host_cpus
+from ...spec import LABEL_HOST, LABEL_PID, EgressPolicy, SandboxSpec, host_cpus
 from ...ownership import process_start_time
 from .cgroup import CgroupSet, kill_until_gone, pids_of_uid, pids_with_env
 from .exec import Launch, run_process
@@ -167,6 +167,13 @@ class LocalProvider:
             raise SpecError(f"user={spec.user!r}: the local provider runs as 'sandbox' (uid 1000) or 'root'")
         if spec.user in ("root", "0") and self.mode == "plain":
             raise SpecError("user='root': cannot run as root without bubblewrap (plain mode)")
+        if spec.profile != "strict":
+            raise SpecError(f"profile={spec.profile!r}: the local provider has only 'strict' (use docker for 'vm')")
+        if spec.egress is not None and spec.egress != EgressPolicy.anything():
+            raise SpecError(
+                "egress: the local provider cannot enforce allow/deny lists (it can only share the "
+                "host's network, egress=['*'] / network=True); use the docker provider"
+            )
 
     # ---- lifecycle -------------------------------------------------------------------
 

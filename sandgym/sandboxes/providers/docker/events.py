@@ -1,0 +1,155 @@
+"""Why a container stopped, from the engine's event stream.
+
+Containers are auto-removed when they end, so `inspect` afterwards finds nothing; and under
+gVisor an OOM kills the whole sandbox at once. The engine's events are the one record that
+survives: `oom` and `die` (exitCode 137), in either order, is OOM_KILLED. A `die` after the sandbox's ttl_s is
+TIMEOUT; a `die` we caused (remove) is not an error; a kill by anyone else (exit 137 with no
+oom) is REMOVED; any other `die` is EXITED with its exit code. One daemon thread per
+provider follows the stream from the first create on; verdicts are kept for the last
+MAX_VERDICTS containers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import docker
+
+from ...spec import LABEL_OWNER
+
+log = logging.getLogger(__name__)
+
+MAX_VERDICTS = 10_000
+KILLED = 137
+# A kill with no oom event yet may still be an OOM whose event comes a moment later.
+OOM_GRACE_S = 1.0
+_OOM_MSG = "the sandbox ran out of memory (memory_mb) and was killed"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    error_type: str | None  # None: we removed it ourselves (no error)
+    message: str
+    exit_code: int | None
+    at: float
+
+
+class ExitWatcher:
+    """Follows container events of sandgym's containers in a daemon thread."""
+
+    def __init__(self, make_client: Callable[[], docker.APIClient]) -> None:
+        self._make_client = make_client
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._verdicts: OrderedDict[str, Verdict] = OrderedDict()
+        self._oom: set[str] = set()
+        self._ours: set[str] = set()  # being removed by this provider
+        self._deadlines: dict[str, float] = {}  # id -> wall-clock end of its ttl_s
+        self._stream = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def start(self) -> None:
+        """Subscribe (blocking until the engine answered), once."""
+        with self._lock:
+            if self._thread is not None or self._closed:
+                return
+            client = self._make_client()
+            self._stream = client.events(
+                decode=True,
+                filters={"type": "container", "label": [LABEL_OWNER], "event": ["oom", "die"]},
+            )
+            self._thread = threading.Thread(target=self._follow, name="sandgym-docker-events", daemon=True)
+            self._thread.start()
+
+    def _follow(self) -> None:
+        stream = self._stream
+        try:
+            for ev in stream:  # type: ignore[union-attr]
+                try:
+                    self._on(ev)
+                except Exception as exc:  # one odd event must not end the watch
+                    log.debug("event %r: %r", ev, exc)
+        except Exception as exc:
+            if not self._closed:
+                log.warning("docker event stream ended: %r; exit reasons will be LOST", exc)
+        finally:
+            with self._lock:
+                self._thread = None if not self._closed else self._thread
+
+    def _on(self, ev: dict) -> None:  # type: ignore[type-arg]
+        cid = ev.get("id") or (ev.get("Actor") or {}).get("ID")
+        action = ev.get("Action") or ev.get("status")
+        if not cid:
+            return
+        with self._cond:
+            if action == "oom":
+                self._oom.add(cid)
+                v = self._verdicts.get(cid)
+                if v is not None and v.error_type == "REMOVED" and v.exit_code == KILLED:
+                    # the engine may report the oom just after the die (gVisor): upgrade
+                    self._verdicts[cid] = Verdict("OOM_KILLED", _OOM_MSG, v.exit_code, v.at)
+                    self._cond.notify_all()
+                return
+            if action != "die":
+                return
+            attrs = (ev.get("Actor") or {}).get("Attributes") or {}
+            code_s = str(attrs.get("exitCode", ""))
+            code = int(code_s) if code_s.lstrip("-").isdigit() else None
+            deadline = self._deadlines.pop(cid, None)
+            if cid in self._oom and code == KILLED:
+                verdict = Verdict("OOM_KILLED", _OOM_MSG, code, time.time())
+            elif cid in self._ours:
+                verdict = Verdict(None, "removed", code, time.time())
+            elif deadline is not None and time.time() >= deadline - 1.0:
+                verdict = Verdict("TIMEOUT", "its ttl_s ran out", code, time.time())
+            elif code == KILLED:
+                verdict = Verdict("REMOVED", "killed from outside (docker kill/rm, prune)", code, time.time())
+            else:
+                verdict = Verdict("EXITED", f"its main process exited with code {code}", code, time.time())
+            self._oom.discard(cid)
+            self._ours.discard(cid)
+            self._verdicts[cid] = verdict
+            while len(self._verdicts) > MAX_VERDICTS:
+                self._verdicts.popitem(last=False)
+            self._cond.notify_all()
+
+    # -- what the provider tells us / asks ------------------------------------------------
+
+    def expect(self, cid: str, ttl_s: float | None) -> None:
+        if ttl_s is not None:
+            with self._lock:
+                self._deadlines[cid] = time.time() + ttl_s
+
+    def removing(self, cid: str) -> None:
+        with self._lock:
+            self._ours.add(cid)
+
+    def verdict(self, cid: str, wait_s: float = 0.0) -> Verdict | None:
+        """The verdict for `cid`, waiting up to `wait_s` for its `die` event to arrive."""
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while True:
+                v = self._verdicts.get(cid)
+                if v is not None and v.error_type == "REMOVED" and time.time() - v.at < OOM_GRACE_S:
+                    self._cond.wait(OOM_GRACE_S - (time.time() - v.at))
+                    continue
+                left = deadline - time.monotonic()
+                if v is not None or left <= 0 or self._thread is None:
+                    return v
+                self._cond.wait(left)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception:
+                pass
