@@ -1,8 +1,8 @@
 """The learning gate: GRPO through real sandboxes makes a model better, on CPU, per seed.
 
 pycalc (sandgym/envs/pycalc.py): the numbers of each task exist only in the rollout's own
-sandbox, so success needs a python tool call run there, its result, and a final answer that
-the judge -- run in the same sandbox on the task's data -- accepts. For each seed:
+sandbox, so success needs a python tool call run there whose printed result the judge -- run
+in the same sandbox on the task's data -- accepts, then a closing final answer. For each seed:
 
 1. `sandgym sft` (examples/pycalc_sft.toml) on oracle demonstrations that `sandgym eval`
    recorded on the training tasks: a deliberately partial warm start of a tiny random model;
