@@ -12,9 +12,11 @@ the container's main process is execd, the in-sandbox exec daemon (sandboxes/exe
 mounted read-only from this package), listening on a unix socket in a per-container host
 directory (execd.py): a few ms per command instead of tens for `docker exec`. Images without
 python3 (execd's start fails with "executable file not found") are remembered per image
-id and get `sleep <ttl_s>` as main process and `DockerExecTransport`. Either way the main
-process runs under the engine's init and the container is auto-removed when it ends, so a
-driver that dies leaks nothing past the TTL.
+id and get a `sh` that sleeps out the TTL as main process and `DockerExecTransport`. Either
+way the main process runs under the engine's init and the container is auto-removed when it
+ends, at its TTL or, for sandboxes owned by a process (ownership.py), once that process is
+gone: it holds a FIFO in the container's socket directory open, and the main process (execd,
+or that `sh`) ends when the FIFO has no writer left.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from docker.types import DeviceRequest
 
 from ...base import Command, ExecJob, Sandbox, as_bytes, live_argv, shell_argv
 from ...errors import SandboxCreateError, SandboxError, SandboxGoneError, SpecError
-from ...execd import BatchJob, execd_command
+from ...execd import CONTAINER_SOCKET_DIR, LIFELINE_NAME, BatchJob, execd_command
 from ...live import LiveProcess
+from ...ownership import Lifeline, lifeline_grace_s, stamp_owner
 from ...result import ExecResult, SandboxInfo
 from ...spec import LABEL_OWNER, SandboxSpec
 from .exec import KILLED_EXIT, DockerExecTransport
@@ -69,6 +72,13 @@ _OOM_KILL = re.compile(rb"^oom_kill (\d+)$", re.M)
 LABEL_TRANSPORT = "sandgym.transport"
 LABEL_SOCKET_DIR = "sandgym.socket_dir"
 EXECD_READY_TIMEOUT_S = 60.0
+# Main process without execd: ends at the TTL ($3), or $2 seconds after the owner's
+# lifeline FIFO ($1) has no writer left. Runs as PID 1 when the engine has no init, hence
+# the trap (PID 1 ignores signals it has no handler for).
+_WATCH_SH = r"""trap 'exit 0' TERM
+(sleep "$3"; kill -TERM $$) &
+(while read -r _; do :; done <"$1" && sleep "$2" && kill -TERM $$) 2>/dev/null &
+wait"""
 
 
 class _NoExecd(Exception):
@@ -261,7 +271,9 @@ class DockerProvider:
         # image id -> False once the image turned out unable to run execd
         self._execd_images: dict[str, bool] = {}
         self._image_ids: dict[str, str] = {}
-        self._socket_dirs: dict[str, Path] = {}  # container id -> its execd socket dir
+        self._socket_dirs: dict[str, Path] = {}  # container id -> its socket dir
+        self._execd_ids: set[str] = set()  # containers whose main process is execd
+        self._lifelines: dict[str, Lifeline] = {}  # container id -> our end of its lifeline
         self._client = client
         self._client_lock = threading.Lock()
         self._max_concurrency = max_concurrency
@@ -365,14 +377,21 @@ class DockerProvider:
         spec: SandboxSpec,
         labels: Mapping[str, str],
         socket_dir: str | os.PathLike[str] | None = None,
+        *,
+        execd: bool = True,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """(create_container kwargs, host_config kwargs) for `spec`: the hardened defaults.
-        With `socket_dir` the main process is execd, its socket in that host folder."""
+        With `socket_dir` the main process is execd, its socket in that host folder (with
+        `execd=False`: a `sh`, the folder holding only the owner's lifeline)."""
         all_labels = {**spec.labels, **{k: str(v) for k, v in labels.items()}}
         all_labels.setdefault(LABEL_OWNER, DEFAULT_OWNER)
-        all_labels[LABEL_TRANSPORT] = "execd" if socket_dir else "docker-exec"
+        all_labels = stamp_owner(all_labels)  # pid, host, ...: what the reaper judges by
+        execd = execd and socket_dir is not None
+        all_labels[LABEL_TRANSPORT] = "execd" if execd else "docker-exec"
         if socket_dir:
             all_labels[LABEL_SOCKET_DIR] = str(socket_dir)
+        grace = lifeline_grace_s(all_labels) if socket_dir else None
+        fifo = f"{CONTAINER_SOCKET_DIR}/{LIFELINE_NAME}"
         ttl = "infinity" if spec.ttl_s is None else str(math.ceil(spec.ttl_s))
         size = f"{spec.disk_mb}m"
         uid, gid = self._owner_ids(spec)
@@ -395,10 +414,14 @@ class DockerProvider:
         )
         if spec.gpus:
             host["device_requests"] = [DeviceRequest(count=spec.gpus, capabilities=[["gpu"]])]
-        if socket_dir:
+        if execd:
             host["binds"] = execd_volumes(socket_dir)  # socket dir rw, execd's code ro
-            # execd ends itself after ttl_s, then the container removes itself.
-            main = execd_command(spec.ttl_s)
+            # execd ends itself after ttl_s (or once its owner is gone), then the container
+            # removes itself.
+            main = execd_command(spec.ttl_s, owner_fifo=fifo if grace is not None else None, owner_grace_s=grace or 0.0)
+        elif grace is not None:
+            host["binds"] = {str(socket_dir): {"bind": CONTAINER_SOCKET_DIR, "mode": "ro"}}
+            main = ["/bin/sh", "-c", _WATCH_SH, "sandgym-main", fifo, str(math.ceil(grace)), ttl]
         else:
             main = ["sleep", ttl]  # lives ttl_s, then the container removes itself
         create: dict[str, Any] = dict(
@@ -421,22 +444,40 @@ class DockerProvider:
 
     def _create_blocking(self, spec: SandboxSpec, labels: Mapping[str, str], execd: bool) -> str:
         self.check(spec)
-        if not (execd and self.wants_execd(spec)):
+        if execd and self.wants_execd(spec):
+            try:
+                return self._create_with_dir(spec, labels, execd=True)
+            except _NoExecd as e:
+                image_id = self._image_ids.get(spec.image, spec.image)
+                log.info("image %s cannot run execd (%s); using docker exec for it", spec.image, e)
+                self._execd_images[image_id] = False
+        return self._create_with_dir(spec, labels, execd=False)
+
+    def _create_with_dir(self, spec: SandboxSpec, labels: Mapping[str, str], *, execd: bool) -> str:
+        """A container with its socket directory: execd's socket and/or the owner's lifeline
+        FIFO, which this process holds open until the container is removed."""
+        want_lifeline = lifeline_grace_s(stamp_owner(labels)) is not None
+        if not (execd or want_lifeline):
             return self._create_start(spec, labels, None)
         name = self.sockets.new_name()
         sock_dir = self.sockets.make(name, *self._owner_ids(spec))
+        lifeline: Lifeline | None = None
         try:
-            cid = self._create_start(spec, labels, sock_dir, name)
-        except _NoExecd as e:
-            self.sockets.discard(sock_dir)
-            image_id = self._image_ids.get(spec.image, spec.image)
-            log.info("image %s cannot run execd (%s); using docker exec for it", spec.image, e)
-            self._execd_images[image_id] = False
-            return self._create_start(spec, labels, None)
+            if want_lifeline:  # before the container starts, so its watcher finds a writer
+                lifeline = Lifeline.fifo(sock_dir / LIFELINE_NAME)
+            if not execd:
+                self.sockets.seal(sock_dir)  # nothing in the box writes there
+            cid = self._create_start(spec, labels, sock_dir, name, execd=execd)
         except BaseException:
+            if lifeline is not None:
+                lifeline.close()
             self.sockets.discard(sock_dir)
             raise
         self._socket_dirs[cid] = sock_dir
+        if execd:
+            self._execd_ids.add(cid)
+        if lifeline is not None:
+            self._lifelines[cid] = lifeline
         return cid
 
     def _create_start(
@@ -445,8 +486,10 @@ class DockerProvider:
         labels: Mapping[str, str],
         sock_dir: Path | None,
         name: str | None = None,
+        *,
+        execd: bool = True,
     ) -> str:
-        create, host = self.container_config(spec, labels, sock_dir)
+        create, host = self.container_config(spec, labels, sock_dir, execd=execd)
         try:
             cid = self.api.create_container(
                 host_config=self.api.create_host_config(**host), name=name, **create
@@ -458,7 +501,7 @@ class DockerProvider:
         except docker.errors.APIError as e:
             self._remove_container(cid)  # never started, so auto_remove will not fire
             text = str(e.explanation or e)
-            if sock_dir is not None and (
+            if sock_dir is not None and execd and (
                 "executable file not found" in text or "no such file or directory" in text
             ):
                 raise _NoExecd(text) from e
@@ -469,7 +512,7 @@ class DockerProvider:
         """The one place that picks how bytes reach a container: execd's socket when
         the container runs it, else docker exec."""
         sock_dir = self._socket_dirs.get(container_id)
-        if sock_dir is None:
+        if sock_dir is None or container_id not in self._execd_ids:
             return DockerExecTransport(self.api, container_id, limiter=self._limiter)
 
         async def running() -> bool:
@@ -569,6 +612,10 @@ class DockerProvider:
         try:
             self._remove_container(sandbox_id)
         finally:
+            self._execd_ids.discard(sandbox_id)
+            lifeline = self._lifelines.pop(sandbox_id, None)
+            if lifeline is not None:
+                lifeline.close()
             if sock_dir is not None:
                 self.sockets.discard(sock_dir)
 
