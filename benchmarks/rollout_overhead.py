@@ -31,7 +31,8 @@ first run; a warm-up run of each configuration before the measured ones takes th
 imports out. For each concurrency the three configurations run back to back (sandgym,
 in-process, null; the order reversed on odd rounds), so machine load hits them alike; each
 rate is rollouts / the eval runner's wall time (measured around `run_eval` on each side).
-With --rounds > 1 the median rate is reported.
+With --rounds > 1 the median rate is reported, and each ratio is the median of the
+per-round ratios (runs of one round ran back to back, so load drift cancels in the pair).
 """
 
 from __future__ import annotations
@@ -293,14 +294,20 @@ def main() -> None:
     result["load_avg_end"] = os.getloadavg()
 
     rate = {c: {lv: statistics.median(r["rollouts_per_s"] for r in runs[c][lv]) for lv in levels} for c in configs}
+
+    def ratio(other: str, lv: int) -> float:
+        return statistics.median(a["rollouts_per_s"] / b["rollouts_per_s"] for a, b in zip(runs["sandgym"][lv], runs[other][lv]))
+
     result["runs"] = runs
     result["rollouts_per_s"] = rate
+    if not args.skip_verifiers:
+        result["ratio"] = {other: {lv: ratio(other, lv) for lv in levels} for other in ("vf_inprocess", "vf_null")}
     lines = [f"{'concurrency':>11s}" + "".join(f"{LABELS[c]:>24s}" for c in configs)
              + ("" if args.skip_verifiers else f"{'sandgym / in-process':>22s}{'sandgym / null':>16s}")]  # fmt: skip
     for lv in levels:
         row = f"{lv:>11d}" + "".join(f"{rate[c][lv]:>17.1f} roll/s" for c in configs)
         if not args.skip_verifiers:
-            row += f"{rate['sandgym'][lv] / rate['vf_inprocess'][lv]:>21.1f}x{rate['sandgym'][lv] / rate['vf_null'][lv]:>15.0f}x"
+            row += f"{result['ratio']['vf_inprocess'][lv]:>21.1f}x{result['ratio']['vf_null'][lv]:>15.0f}x"
         lines.append(row)
     loads = f"load average (1, 5, 15 min) at start {result['load_avg_start']}, at end {result['load_avg_end']}"
     print("\n".join([f"rollouts per second, {args.rounds} round(s); {loads}", *lines]))
