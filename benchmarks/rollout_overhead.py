@@ -3,6 +3,7 @@ zero-latency local OpenAI-compatible endpoint -- sandgym next to two configurati
 verifiers 0.4.0 -- at several concurrencies, interleaved in one run, printed with ratios.
 
     python benchmarks/rollout_overhead.py [--levels 1,8,32] [--rounds 1] [--json]
+    python benchmarks/rollout_overhead.py --profile 2000   # sandgym's side under cProfile
 
 The endpoint is sandgym's scripted test server (`python -m sandgym.core.testing`, FastAPI
 on 127.0.0.1, in its own process) answering every request at once. Each configuration
@@ -185,6 +186,30 @@ async def sandgym_side(url: str, n: int, concurrency: int) -> dict[str, Any]:
     return {"n": s["num_rollouts"], "ok": s["passed"], "wall_s": wall}
 
 
+def profile_sandgym(url: str, n: int, concurrency: int) -> None:
+    """One sandgym run under cProfile: the share of run time (tottime) by package, and
+    sandgym's own functions that cost most."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    r = anyio.run(sandgym_side, url, n, concurrency)
+    prof.disable()
+    st = pstats.Stats(prof)
+    total = sum(v[2] for v in st.stats.values())  # type: ignore[attr-defined]
+    pkgs = ("sandgym", "openai", "httpx", "httpx2", "httpcore", "h11", "pydantic", "anyio", "asyncio", "json")
+    share: dict[str, float] = {}
+    for (path, _, _), (_, _, tt, _, _) in st.stats.items():  # type: ignore[attr-defined]
+        parts = Path(path).parts
+        key = next((p for p in pkgs if p in parts), "other (C builtins: sockets, ...; typing, ...)")
+        share[key] = share.get(key, 0.0) + tt
+    print(f"{r['n']} rollouts at c={concurrency} under cProfile, {r['n'] / r['wall_s']:.1f} rollouts/s; tottime by package:")
+    for k, v in sorted(share.items(), key=lambda kv: -kv[1]):
+        print(f"  {k:10s} {v:7.3f}s {100 * v / total:5.1f}%")
+    st.sort_stats("tottime").print_stats(r"[/\\]sandgym[/\\]", 10)
+
+
 def ensure_verifiers_venv() -> Path:
     py = VF_VENV / "bin" / "python"
     if not py.exists():
@@ -251,6 +276,7 @@ def main() -> None:
     ap.add_argument("--vf-n", type=int, default=300, help="verifiers in-process rollouts per run (at least 8 x c)")
     ap.add_argument("--null-n", type=int, default=24, help="verifiers null-harness rollouts per run (at least 2 x c)")
     ap.add_argument("--skip-verifiers", action="store_true")
+    ap.add_argument("--profile", type=int, metavar="N", help="only profile a sandgym run of N rollouts at c=8")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object last")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
@@ -264,6 +290,9 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="rollout-overhead-"))
     try:
         anyio.run(sandgym_side, url, 50, 8)  # warm-up (imports, connections)
+        if args.profile:
+            profile_sandgym(url, args.profile, 8)
+            return
         if not args.skip_verifiers:
             worker = VerifiersWorker(ensure_verifiers_venv(), url, workdir)
             for config, harness in VF_HARNESS.items():  # warm-up: imports, the null harness's uv env
