@@ -23,6 +23,7 @@ def register(app: typer.Typer) -> None:
         max_sandboxes: Annotated[int, typer.Option("--max-sandboxes", help="Live sandboxes on this host, all tenants.")] = 8,
         quota: Annotated[Optional[int], typer.Option(help="Live sandboxes per token (429 past it); default --max-sandboxes.")] = None,
         provider: Annotated[str, typer.Option("--provider", "-p", help="docker or local.")] = "docker",
+        ray: Annotated[Optional[str], typer.Option("--ray", help="Front the sandgym nodes of this Ray cluster (HOST:PORT) instead: one endpoint for a fleet; --max-sandboxes is then cluster-wide.")] = None,
         max_ttl: Annotated[float, typer.Option("--max-ttl", help="Longest sandbox lifetime, seconds (timeout_minutes=-1 gets this).")] = 24 * 3600.0,
         idle_timeout: Annotated[float, typer.Option("--idle-timeout", help="Reap sandboxes idle this long, seconds (0: never).")] = 3600.0,
         public_url: Annotated[Optional[str], typer.Option("--public-url", help="Base URL clients reach this server at (behind a proxy).")] = None,
@@ -39,6 +40,11 @@ def register(app: typer.Typer) -> None:
         if provider not in ("docker", "local"):
             err.print(f"[red]--provider must be docker or local, got {provider!r}[/]")
             raise typer.Exit(2)
+        provider_options: dict[str, object] = {}
+        if ray is not None:
+            # Each node's agent keeps its own hard cap; this server caps the whole fleet.
+            provider_options = {"address": ray, "max_sandboxes": max_sandboxes, "agent_provider": provider}
+            provider = "ray"
         tokens = list(token or [])
         if tokens_file is not None:
             tokens += read_tokens_file(tokens_file)
@@ -57,6 +63,7 @@ def register(app: typer.Typer) -> None:
             max_ttl_s=max_ttl,
             idle_timeout_s=idle_timeout or None,
             public_url=public_url,
+            provider_options=provider_options,
         )
         err.print(f"sandgym serve: http://{host}:{port}  provider={provider}  max_sandboxes={max_sandboxes}  docs: /docs")
         uvicorn.run(create_app(config), host=host, port=port, log_level=log_level, timeout_keep_alive=30)

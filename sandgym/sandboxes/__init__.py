@@ -12,6 +12,7 @@ from .errors import (
     SandboxError,
     SandboxFileNotFound,
     SandboxGoneError,
+    SandboxLostError,
     SpecError,
 )
 from .hooks import Hooks
@@ -24,6 +25,6 @@ from .spec import DEFAULT_IMAGE, SandboxSpec
 
 __all__ = [
     "DEFAULT_IMAGE", "PROVIDERS", "ExecResult", "HookError", "Hooks", "LiveProcess", "ManagedSandbox", "Provider",
-    "Sandbox", "SandboxCreateError", "SandboxError", "SandboxFileNotFound", "SandboxGoneError",
+    "Sandbox", "SandboxCreateError", "SandboxError", "SandboxFileNotFound", "SandboxGoneError", "SandboxLostError",
     "SandboxInfo", "SandboxManager", "SandboxSpec", "SpecError", "get_provider", "prune",
 ]

@@ -13,6 +13,11 @@ class SandboxGoneError(SandboxError):
     """The sandbox no longer exists (destroyed, crashed or reaped)."""
 
 
+class SandboxLostError(SandboxGoneError):
+    """The machine holding the sandbox was lost (a fleet node died or stopped answering):
+    an infrastructure failure, never the policy's; the work may be retried elsewhere."""
+
+
 class SandboxFileNotFound(SandboxError, FileNotFoundError):
     """A file read inside the sandbox named a path that does not exist."""
 
