@@ -79,6 +79,10 @@ def make_env(cfg: TrainConfig) -> Any:
         from sandgym.train.toy import ToyEnv
 
         return ToyEnv(cfg.env.toy, seed=cfg.optim.seed)
+    if cfg.env.ray_address:
+        from sandgym.train.ray_source import RayEnvSource
+
+        return RayEnvSource(cfg.env.name, cfg.env.args, cfg.env.ray_address)
     from sandgym.train.envs import SandgymEnvSource
 
     return SandgymEnvSource(cfg.env.name, cfg.env.args, provider=cfg.env.provider, max_sandboxes=cfg.env.max_sandboxes)
