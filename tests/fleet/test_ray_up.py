@@ -1,0 +1,66 @@
+"""The README's two commands: `sandgym ray up` starts a local cluster of sandgym nodes on
+127.0.0.1 and `sandgym eval ... --ray ADDRESS` runs on it; SIGTERM stops every node."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require_docker
+
+from .conftest import node_containers, require_ray
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_ray_up_then_eval_on_it(tmp_path: Path) -> None:
+    require_docker()
+    require_ray()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    prefix = f"up{os.getpid()}-"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    addr_file = tmp_path / "address"
+    up = subprocess.Popen(
+        [sys.executable, "-m", "sandgym", "ray", "up", "--nodes", "2", "--max-sandboxes", "2", "--port", str(port),
+         "--prefix", prefix, "--address-file", str(addr_file)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not addr_file.exists():
+            assert up.poll() is None, up.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "sandgym ray up did not come up"
+            time.sleep(0.2)
+        address = addr_file.read_text().strip()
+        assert address == f"127.0.0.1:{port}"
+        ev = subprocess.run([sys.executable, "-m", "sandgym", "eval", "humaneval", "--policy", "oracle", "-n", "12",
+                             "--ray", address, "-o", str(tmp_path / "run"), "--json"],
+                            env=env, capture_output=True, text=True, timeout=600)
+        assert ev.returncode == 0, ev.stderr[-3000:]
+        summary = json.loads(ev.stdout.strip().splitlines()[-1])
+        assert (summary["passed"], summary["num_rollouts"]) == (12, 12)
+        assert sorted(summary["fleet"]["rollouts_by_node"]) == [f"{prefix}0", f"{prefix}1"]
+        st = subprocess.run([sys.executable, "-m", "sandgym", "ray", "status", "--ray", address, "--json"],
+                            env=env, capture_output=True, text=True, timeout=300)
+        assert st.returncode == 0, st.stderr[-3000:]
+        nodes = json.loads(st.stdout.strip().splitlines()[-1])["nodes"]
+        assert [(n["node"], n["state"], n["cap"]) for n in nodes] == [(f"{prefix}0", "ready", 2), (f"{prefix}1", "ready", 2)]
+    finally:
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            pytest.fail("sandgym ray up did not stop on SIGTERM")
+    assert up.returncode == 0
+    assert not node_containers([f"{prefix}0", f"{prefix}1"])  # the agents destroyed their sandboxes
