@@ -83,6 +83,7 @@ class RolloutDispatcher:
         self.warm = warm
         self.sampling_args = dict(sampling_args or {})
         self.used: Counter[str] = Counter()
+        self.retries_waiting = 0  # retries go first: a lost node's rollouts finish soonest
         self.prepared: dict[str, dict[str, Any]] = {}
         fleet.on_join.append(self._prepare)
 
@@ -109,19 +110,28 @@ class RolloutDispatcher:
         return min(preferred, key=lambda n: (self.used[n.name], n.name)) if preferred else None
 
     async def _slot(self, avoid: set[str]) -> FleetNode:
+        """A slot on a node (one not in `avoid` if there is room on one); a retry (non-empty
+        `avoid`) is served before any first attempt."""
+        retry = bool(avoid)
+        self.retries_waiting += retry
         since: float | None = None
-        while True:
-            node = self._pick(avoid)
-            if node is not None:
-                self.used[node.name] += 1
-                return node
-            if not any(n.state in ("ready", "starting") for n in self.fleet.nodes.values()):
-                since = since or time.monotonic()
-                if time.monotonic() - since > self.fleet.node_wait_s:
-                    raise SandboxLostError(f"no sandgym node up for {self.fleet.node_wait_s:.0f}s")
-            else:
-                since = None
-            await self.fleet.wait_change(1.0)
+        try:
+            while True:
+                node = self._pick(avoid) if retry or not self.retries_waiting else None
+                if node is not None:
+                    self.used[node.name] += 1
+                    return node
+                if not any(n.state in ("ready", "starting") for n in self.fleet.nodes.values()):
+                    since = since or time.monotonic()
+                    if time.monotonic() - since > self.fleet.node_wait_s:
+                        raise SandboxLostError(f"no sandgym node up for {self.fleet.node_wait_s:.0f}s")
+                else:
+                    since = None
+                await self.fleet.wait_change(1.0)
+        finally:
+            if retry:
+                self.retries_waiting -= 1
+                self.fleet.notify()
 
     def _free(self, node: FleetNode) -> None:
         self.used[node.name] -= 1

@@ -175,6 +175,7 @@ class Fleet:
         self.agent_provider_options = dict(agent_provider_options or {})
         self.agent_max_sandboxes = agent_max_sandboxes
         self.session = f"fleet-{uuid.uuid4().hex[:12]}"
+        self.created_at = time.time()
         self.nodes: dict[str, FleetNode] = {}
         self.events: list[dict[str, Any]] = []  # node joined / lost, with times
         self.stats = {"created": 0, "create_failures": 0, "create_waits": 0, "lost_sandboxes": 0, "destroyed": 0}
@@ -298,7 +299,7 @@ class Fleet:
             if node is None or node.state == "lost":
                 # New, or back (a new Ray node with the same name, or the same one whose
                 # agent died under a call): start (or find) its agent.
-                node = self.nodes[name] = FleetNode(name, ray_id)
+                node = self.nodes[name] = FleetNode(name, ray_id, backoff=Backoff(self.backoff_s, self.max_backoff_s))
                 self._spawn(self._attach(node))
 
     async def _attach(self, node: FleetNode) -> None:
@@ -343,8 +344,11 @@ class Fleet:
             node.limit = min(node.cap, self.max_per_node or node.cap)
             node.state = "ready"
             node.joined_at = time.time()
-            self.events.append({"event": "joined", "node": node.name, "time": node.joined_at, "pruned": len(info["pruned"])})
-            log.info("node %s ready (cap %d, pruned %d)", node.name, node.cap, len(info["pruned"]))
+            # What the agent pruned at its start counts here only if it started for this fleet.
+            pruned = len(info["pruned"]) if info["started_at"] >= self.created_at else 0
+            self.events.append({"event": "joined", "node": node.name, "time": node.joined_at, "pruned": pruned,
+                                "agent_started_at": info["started_at"]})
+            log.info("node %s ready (cap %d, pruned %d)", node.name, node.cap, pruned)
             self.notify()
             for hook in self.on_join:
                 self._spawn(hook(node))

@@ -1,18 +1,17 @@
 """The README's two commands: `sandgym ray up` starts a local cluster of sandgym nodes on
-127.0.0.1 and `sandgym eval ... --ray ADDRESS` runs on it; SIGTERM stops every node."""
+127.0.0.1 and returns once it is up; `sandgym eval ... --ray ADDRESS` runs on it;
+`sandgym ray down` stops every node."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
-import pytest
 
 from tests.conftest import require_docker
 
@@ -30,19 +29,16 @@ def test_ray_up_then_eval_on_it(tmp_path: Path) -> None:
     prefix = f"up{os.getpid()}-"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     addr_file = tmp_path / "address"
-    up = subprocess.Popen(
+    up = subprocess.run(
         [sys.executable, "-m", "sandgym", "ray", "up", "--nodes", "2", "--max-sandboxes", "2", "--port", str(port),
          "--prefix", prefix, "--address-file", str(addr_file)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env, capture_output=True, text=True, timeout=400,
     )
+    assert up.returncode == 0, up.stderr[-3000:]
+    address = up.stdout.strip().splitlines()[-1]
+    assert address == addr_file.read_text().strip() == f"127.0.0.1:{port}"
+    pid = int((Path(tempfile.gettempdir()) / f"sandgym-ray-{port}" / "pid").read_text())
     try:
-        deadline = time.monotonic() + 180
-        while not addr_file.exists():
-            assert up.poll() is None, up.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "sandgym ray up did not come up"
-            time.sleep(0.2)
-        address = addr_file.read_text().strip()
-        assert address == f"127.0.0.1:{port}"
         ev = subprocess.run([sys.executable, "-m", "sandgym", "eval", "humaneval", "--policy", "oracle", "-n", "12",
                              "--ray", address, "-o", str(tmp_path / "run"), "--json"],
                             env=env, capture_output=True, text=True, timeout=600)
@@ -56,11 +52,8 @@ def test_ray_up_then_eval_on_it(tmp_path: Path) -> None:
         nodes = json.loads(st.stdout.strip().splitlines()[-1])["nodes"]
         assert [(n["node"], n["state"], n["cap"]) for n in nodes] == [(f"{prefix}0", "ready", 2), (f"{prefix}1", "ready", 2)]
     finally:
-        up.send_signal(signal.SIGTERM)
-        try:
-            up.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            up.kill()
-            pytest.fail("sandgym ray up did not stop on SIGTERM")
-    assert up.returncode == 0
+        dn = subprocess.run([sys.executable, "-m", "sandgym", "ray", "down", "--port", str(port)],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert dn.returncode == 0, dn.stderr[-3000:]
+    assert not os.path.exists(f"/proc/{pid}")  # the cluster's process is gone, and its nodes with it
     assert not node_containers([f"{prefix}0", f"{prefix}1"])  # the agents destroyed their sandboxes
