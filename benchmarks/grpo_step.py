@@ -56,17 +56,18 @@ def peak_gib(dev: torch.device) -> float | None:
 def make_model(args: argparse.Namespace) -> torch.nn.Module:
     from transformers import Qwen2ForCausalLM
 
-    from sandgym.train.tiny import qwen2_05b_config, tiny_qwen2
+    from sandgym.models.tiny import qwen2_config, tiny_qwen2
 
     torch.manual_seed(0)
     if args.small:
         return tiny_qwen2(vocab_size=args.vocab, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
-    cfg = qwen2_05b_config(args.vocab)
+    cfg = qwen2_config("0.5b", args.vocab, eos_token_id=args.vocab - 1, pad_token_id=args.vocab - 2)
     return Qwen2ForCausalLM(cfg)
 
 
 def bench_generation(model: torch.nn.Module, prompts: list[list[int]], args: argparse.Namespace, dev: torch.device) -> dict[str, Any]:
-    from sandgym.train.backends.hf import GenRequest, HFEngine
+    from sandgym.train.backends.base import GenRequest
+    from sandgym.train.backends.hf import HFEngine
 
     amp = torch.bfloat16 if dev.type == "cuda" else None
     eng = HFEngine(model, None, device=dev, autocast_dtype=amp, max_batch_size=len(prompts) * args.group)
@@ -112,7 +113,7 @@ def bench_vllm(model_dir: Path, prompts: list[list[int]], args: argparse.Namespa
 
 def build_states(prompts: list[list[int]], gen: list[Any], args: argparse.Namespace) -> list[Any]:
     from sandgym.core.state import State, Turn, TurnTokens
-    from sandgym.train.loss import group_advantages
+    from sandgym.core.stats import group_advantages
 
     states = []
     g = torch.Generator().manual_seed(1)
@@ -127,7 +128,7 @@ def build_states(prompts: list[list[int]], gen: list[Any], args: argparse.Namesp
                 reward=rewards[i],
             )
         )
-    adv = group_advantages(rewards, [i // args.group for i in range(len(gen))], scale_by_std=True).tolist()
+    adv = [a for i in range(0, len(gen), args.group) for a in group_advantages(rewards[i : i + args.group], normalize_std=True)]
     for s, a in zip(states, adv):
         s.advantage = a
     return states
@@ -195,7 +196,7 @@ def bench_trl(init_model: torch.nn.Module, states: list[Any], args: argparse.Nam
         from trl import GRPOConfig, GRPOTrainer
     except Exception as exc:
         return {"skipped": f"TRL not importable: {type(exc).__name__}: {exc}"}
-    from sandgym.train.tiny import byte_tokenizer
+    from sandgym.models.tiny import byte_tokenizer
 
     n = len(states)
     p_ids = torch.tensor([s.turns[0].tokens.prompt_ids for s in states], dtype=torch.long)

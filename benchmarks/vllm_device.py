@@ -230,7 +230,7 @@ def start_backend(vb: Any, model_dir: Path, tok: Any, a: argparse.Namespace) -> 
 def backend_generate(backend: Any, prompts: list[list[int]], a: argparse.Namespace, n: int) -> tuple[list[dict[str, Any]], float]:
     """The GRPO batch through VLLMEngine.generate (what the HTTP front calls): n requests per
     prompt, token ids and sampled-token logprobs back."""
-    from sandgym.train.backends.hf import GenRequest
+    from sandgym.train.backends.base import GenRequest
 
     reqs = [GenRequest(prompt_ids=p, max_tokens=a.max_tokens, temperature=1.0, top_p=1.0, ignore_eos=True) for p in prompts for _ in range(n)]
     sync()
@@ -309,11 +309,18 @@ def truncate_lengths(n: int, max_tokens: int, seed: int = 0) -> list[int]:
 def trainer_step(model: torch.nn.Module, rows: list[dict[str, Any]], a: argparse.Namespace, vocab: int) -> dict[str, Any]:
     from sandgym.train.batch import Sequence
     from sandgym.train.config import ModelConfig, OptimConfig
-    from sandgym.train.loss import LossConfig, group_advantages
+    from sandgym.core.stats import group_advantages
+    from sandgym.train.loss import LossConfig
     from sandgym.train.policy import PolicyTrainer
 
     rewards = [toy_reward(r["completion"], vocab) for r in rows]
-    adv = group_advantages(rewards, [r["prompt_index"] for r in rows]).tolist()
+    by_prompt: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_prompt.setdefault(r["prompt_index"], []).append(i)
+    adv = [0.0] * len(rows)
+    for idx in by_prompt.values():
+        for i, x in zip(idx, group_advantages([rewards[i] for i in idx])):
+            adv[i] = x
     seqs = [
         Sequence(
             input_ids=r["prompt"] + r["completion"],
@@ -645,7 +652,8 @@ def _plain_step(model: torch.nn.Module, rows: list[dict[str, Any]], a: argparse.
 def _hf_generate(model: torch.nn.Module, tok: Any, prompts: list[list[int]], a: argparse.Namespace) -> dict[str, Any]:
     reqs_n = a.prompts * a.group
     try:
-        from sandgym.train.backends.hf import GenRequest, HFEngine
+        from sandgym.train.backends.base import GenRequest
+        from sandgym.train.backends.hf import HFEngine
 
         eng = HFEngine(model, tok, device=DEV, autocast_dtype=torch.bfloat16, max_batch_size=reqs_n)
         reqs = [GenRequest(prompt_ids=p, max_tokens=a.max_tokens, temperature=1.0, ignore_eos=True) for p in prompts for _ in range(a.group)]

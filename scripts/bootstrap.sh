@@ -10,6 +10,10 @@ echo "::group::python dependencies"
 # torch first: the CPU build file on this machine; a bare requirement would pull CUDA (GBs).
 python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e '.[all]'
+# BFCL's data, checkers and backends for the bfcl_v4_* environments: --no-deps, its own pins
+# would downgrade numpy, pandas and more (the sandgym/bfcl image has the full set). Same pin
+# as images/bfcl/Dockerfile and sandgym/bfcl/data.py.
+python3 -m pip install -q --no-deps bfcl-eval==2026.3.23
 echo "::endgroup::"
 
 echo "::group::debian packages"

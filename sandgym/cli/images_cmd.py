@@ -19,6 +19,8 @@ def register(app: typer.Typer) -> None:
         names: Annotated[Optional[list[str]], typer.Argument(help="Images to build (default: all).")] = None,
         base: Annotated[Optional[str], typer.Option(help="Start from this public image instead of debootstrap.")] = None,
         force: Annotated[bool, typer.Option(help="Rebuild even when present.")] = False,
+        python: Annotated[Optional[str], typer.Option(
+            "--python", help="Build sandgym/python:X.Y from the Debian release that ships it (3.9 bullseye, 3.11 bookworm, 3.13 trixie).")] = None,
     ) -> None:
         """Build the images that are missing (base via debootstrap + docker import, then Dockerfiles)."""
         from sandgym.sandboxes.providers.docker import images as img
@@ -32,7 +34,7 @@ def register(app: typer.Typer) -> None:
                 status.update(f"[dim]{line[:110]}[/]")
 
             try:
-                built = img.build(names, base=base, force=force, log=log, step=step)
+                built = img.build(names, base=base, force=force, log=log, step=step, python=python)
             except Exception as exc:
                 console.print(f"[red]image build failed:[/] {exc}")
                 raise typer.Exit(1)
@@ -46,6 +48,7 @@ def register(app: typer.Typer) -> None:
         from sandgym.sandboxes.providers.docker import images as img
 
         client = docker.from_env()
-        for r in img.RECIPES:
+        extra = [r for v in img.PYTHON_SUITES for r in img.python_recipes(v) if r.name == "python"]
+        for r in [*img.RECIPES, *extra]:
             mark = "[green]present[/]" if img.image_exists(client, r.tag) else "[red]missing[/]"
             console.print(f"{r.tag:28} {mark}  {r.description}")

@@ -1,8 +1,14 @@
-"""`sandgym swe`: SWE-bench-style debug runs against gold patches (and task images)."""
+"""`sandgym swe`: SWE-bench-style debug runs against gold patches, validation, task images.
+
+Every instance is written to the run directory the moment it finishes (result.json, its
+logs, the applied diff); the tables come after, and they never read data as rich markup
+(test ids like `test_x[/tmp/a]` or `[red]` are shown as they are).
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -10,10 +16,14 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
 console = Console(stderr=True)
 
 STEPS = ("gold_patch", "none", "command", "script")
+IMAGE_SOURCES = ("build", "prebuilt")
+MIRRORS_HELP = "Directory of local git mirrors (owner__name, owner+name/repo, ...; default $SANDGYM_SWE_MIRRORS)."
 
 
 def _load(tasks: str, instance: list[str] | None, split: str) -> list[Any]:
@@ -30,65 +40,105 @@ def _load(tasks: str, instance: list[str] | None, split: str) -> list[Any]:
     return task_list
 
 
-def _ratio(d: dict[str, str]) -> str:
+def _ratio(d: dict[str, str]) -> Text:
     if not d:
-        return "-"
+        return Text("-")
     ok = sum(v in ("passed", "xfail") for v in d.values())
-    style = "green" if ok == len(d) else "red"
-    return f"[{style}]{ok}/{len(d)}[/]"
+    return Text(f"{ok}/{len(d)}", style="green" if ok == len(d) else "red")
 
 
-def _render(results: list[Any], step: str, verbose: bool) -> None:
+STATUS_STYLE = {"resolved": "green", "unresolved": "yellow", "error": "red", "infra": "magenta"}
+
+
+def _render(rows: list[dict[str, Any]], step: str, verbose: bool) -> None:
+    """Tables of results (dicts from result.json): every data cell is a Text, never markup."""
     from rich.table import Table
 
     table = Table(title=f"sandgym swe debug --step {step}", show_lines=False)
     for col in ("instance", "status", "FAIL_TO_PASS", "PASS_TO_PASS", "image", "time", "failing tests / error"):
         table.add_column(col, overflow="fold", no_wrap=col == "instance")
-    colors = {"resolved": "green", "unresolved": "yellow", "error": "red"}
-    for r in results:
-        img = "-" if r.image_reused is None else ("reused" if r.image_reused else "built")
-        note = ", ".join(r.failing_tests) or ""
-        if r.error:
-            note = (note + "\n" if note else "") + r.error.splitlines()[0][:200]
-        table.add_row(r.instance_id, f"[{colors.get(r.status, 'white')}]{r.status}[/]", _ratio(r.fail_to_pass),
-                      _ratio(r.pass_to_pass), img, f"{r.timings.get('total_s', 0):.1f}s", note)
+    for r in rows:
+        img = "-" if r.get("image_reused") is None else ("reused" if r["image_reused"] else "built")
+        note = ", ".join(r.get("failing_tests") or [])
+        if r.get("error"):
+            note = (note + "\n" if note else "") + (r.get("infra_reason") and f"[{r['infra_reason']}] " or "") + r["error"].splitlines()[0][:200]
+        status = r.get("status", "?")
+        table.add_row(Text(r["instance_id"]), Text(status, style=STATUS_STYLE.get(status, "white")),
+                      _ratio(r.get("fail_to_pass") or {}), _ratio(r.get("pass_to_pass") or {}), Text(img),
+                      Text(f"{(r.get('timings') or {}).get('total_s', 0):.1f}s"), Text(note))
     console.print(table)
-    for r in results:
-        if not verbose and r.resolved:
+    for r in rows:
+        if not verbose and r.get("resolved"):
             continue
-        detail = Table(title=f"{r.instance_id}: {r.status}", title_justify="left")
+        detail = Table(title=Text(f"{r['instance_id']}: {r.get('status')}"), title_justify="left")
         detail.add_column("test")
         detail.add_column("kind")
         detail.add_column("outcome")
-        for kind, tests in (("FAIL_TO_PASS", r.fail_to_pass), ("PASS_TO_PASS", r.pass_to_pass)):
+        for kind, tests in (("FAIL_TO_PASS", r.get("fail_to_pass") or {}), ("PASS_TO_PASS", r.get("pass_to_pass") or {})):
             for tid, outcome in tests.items():
-                style = "green" if outcome in ("passed", "xfail") else "red"
-                detail.add_row(tid, kind, f"[{style}]{outcome}[/]")
-        if r.fail_to_pass or r.pass_to_pass:
+                if not verbose and outcome in ("passed", "xfail") and kind == "PASS_TO_PASS":
+                    continue
+                detail.add_row(Text(tid), Text(kind), Text(outcome, style="green" if outcome in ("passed", "xfail") else "red"))
+        if detail.row_count:
             console.print(detail)
-        if r.status == "error" and r.error:
-            console.print(f"[red]{r.instance_id}[/]: {r.error}", soft_wrap=True)
 
 
-def _save(out: Path, results: list[Any], summ: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summ, indent=2) + "\n")
-    for r in results:
-        d = out / r.instance_id
-        d.mkdir(exist_ok=True)
-        (d / "result.json").write_text(r.model_dump_json(indent=2, exclude={"logs"}) + "\n")
-        (d / "applied.diff").write_text(r.applied_diff)
-        for name, text in r.logs.items():
-            (d / f"{name}.log").write_text(text)
+def _render_validation(vals: list[Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title="sandgym swe validate")
+    for col in ("instance", "version", "python", "gold", "empty", "flaky", "cold s", "gold s", "empty s", "verdict"):
+        table.add_column(col, overflow="fold", no_wrap=col == "instance")
+
+    def sec(x: float | None) -> Text:
+        return Text("-" if x is None else f"{x:.1f}")
+
+    for v in vals:
+        flaky = str(len(v.flaky_listed)) + (f" (+{v.flaky_other})" if v.flaky_other else "")
+        table.add_row(Text(v.instance_id), Text(v.version), Text(v.python or "-"),
+                      Text(f"{v.gold_resolved}/{v.runs}", style="green" if v.gold_resolved == v.runs else "red"),
+                      Text(f"{v.empty_resolved}/{v.runs}", style="green" if v.empty_resolved == 0 else "red"),
+                      Text(flaky, style="red" if v.flaky_listed else ""), sec(v.cold_s), sec(v.gold_warm_s), sec(v.empty_warm_s),
+                      Text(v.verdict, style="green" if v.verdict == "valid" else "red"))
+    console.print(table)
+
+
+def _run_dir(kind: str, output: Path | None, resume: Path | None, step: str) -> Path:
+    if resume is not None:
+        if output is not None and output != resume:
+            raise typer.BadParameter("--resume DIR continues the run in DIR; do not also give a different --output")
+        if not (resume / "run.json").exists():
+            raise typer.BadParameter(f"nothing to resume in {resume} (no run.json)")
+        return resume
+    return output or Path("runs") / f"swe-{kind}-{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _progress(total: int, done: int, label: str):  # type: ignore[no-untyped-def]
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    bar = Progress(SpinnerColumn(), TextColumn(escape(label)), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("{task.fields[phase]}", markup=False), console=console, transient=False)
+    tid = bar.add_task(label, total=total, completed=done, phase="")
+    phases: dict[str, str] = {}
+
+    def progress(iid: str, phase: str) -> None:
+        if phase == "done":
+            phases.pop(iid, None)
+            bar.advance(tid)
+        else:
+            phases[iid] = phase
+        bar.update(tid, phase="  ".join(f"{i}:{p}" for i, p in list(phases.items())[:3]))
+
+    return bar, progress
 
 
 def register(app: typer.Typer) -> None:
-    swe = typer.Typer(help="SWE-bench-style tasks: debug runs against gold patches, task images.", no_args_is_help=True)
+    swe = typer.Typer(help="SWE-bench-style tasks: debug runs against gold patches, validation, task images.", no_args_is_help=True)
     app.add_typer(swe, name="swe")
 
     @swe.command("debug")
     def debug_cmd(
-        tasks: Annotated[str, typer.Argument(help="Tasks: a JSONL file, a Hugging Face dataset name/dir, or `bundled`.")],
+        tasks: Annotated[str, typer.Argument(help="Rows: a JSONL or JSON file, a datasets directory or hub name, or `bundled`.")],
         step: Annotated[str, typer.Option("--step", "-s", help=f"Debug step: {', '.join(STEPS)}.")] = "gold_patch",
         concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, help="Sandboxes at once.")] = 2,
         as_json: Annotated[bool, typer.Option("--json", help="Print the JSON summary on stdout.")] = False,
@@ -96,8 +146,12 @@ def register(app: typer.Typer) -> None:
         command: Annotated[Optional[str], typer.Option(help="Shell command for --step command (else the task's).")] = None,
         script: Annotated[Optional[Path], typer.Option(help="Script file for --step script (else the task's).")] = None,
         instance: Annotated[Optional[list[str]], typer.Option("--instance", "-i", help="Only these instance ids.")] = None,
-        output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write summary.json, logs, diffs and results here.")] = None,
-        mirrors: Annotated[Optional[Path], typer.Option(help="Directory of local repository mirrors (owner__name).")] = None,
+        output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Run directory (default: runs/swe-debug-STEP-TIME).")] = None,
+        resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue the run in this directory: skip finished instances.")] = None,
+        retry_infra: Annotated[bool, typer.Option("--retry-infra", help="With --resume: run again the instances that failed for infrastructure reasons.")] = False,
+        mirrors: Annotated[Optional[Path], typer.Option(help=MIRRORS_HELP)] = None,
+        recipes: Annotated[Optional[Path], typer.Option(help="Recipes file (JSON/TOML: owner/name -> version|* -> recipe) for repos no spec covers.")] = None,
+        image_source: Annotated[str, typer.Option("--image-source", help="build (here, offline) or prebuilt (SWE-bench's images; needs issue 12).")] = "build",
         split: Annotated[str, typer.Option(help="Dataset split (Hugging Face datasets).")] = "test",
         verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Per-test tables for resolved instances too.")] = False,
         fail_on_unresolved: Annotated[bool, typer.Option(help="Exit 1 when any instance is not resolved.")] = False,
@@ -107,30 +161,99 @@ def register(app: typer.Typer) -> None:
         import anyio
 
         from sandgym.cli.errors import check_provider
-        from sandgym.errors import UnknownNameError
+        from sandgym.errors import UnknownNameError, UserError
+        from sandgym.swe.debug import summary
+        from sandgym.swe.store import RunStore
 
         if step not in STEPS:
             raise UnknownNameError(f"unknown step {step!r}; choose one of {', '.join(STEPS)}")
+        if image_source not in IMAGE_SOURCES:
+            raise UnknownNameError(f"unknown image source {image_source!r}; choose build or prebuilt")
         check_provider(provider)
         task_list = _load(tasks, instance, split)
+        run_dir = _run_dir("debug", output, resume, step)
+        store = RunStore(run_dir)
+        try:
+            store.start({"kind": "debug", "step": step, "tasks": tasks, "instances": len(task_list),
+                         "image_source": image_source, "argv": sys.argv[1:]}, resume=resume is not None)
+        except (FileExistsError, ValueError) as exc:
+            raise UserError(str(exc)) from exc
+        done = store.finished(t.instance_id for t in task_list)
+        if retry_infra:
+            done = {k: v for k, v in done.items() if v.get("status") != "infra"}
+        todo = [t for t in task_list if t.instance_id not in done]
+        if done:
+            console.print(Text(f"resuming {run_dir}: {len(done)} finished, {len(todo)} to run"))
         script_text = script.read_text() if script is not None else None
-        results, summ = anyio.run(_run, task_list, step, concurrency, provider, command, script_text, mirrors)
-        _render(results, step, verbose)
-        if output is not None:
-            _save(output, results, summ)
-            console.print(f"results, logs and diffs in {output}")
+        t0 = time.perf_counter()
+        anyio.run(_run_debug, todo, len(task_list), len(done), step, concurrency, provider, command, script_text,
+                  mirrors, recipes, image_source, store)
+        rows = [store.load(t.instance_id) or {"instance_id": t.instance_id, "status": "infra", "error": "no result on disk"}
+                for t in task_list]
+        summ = summary(rows, step, time.perf_counter() - t0)
+        summ["output_dir"] = str(run_dir)
+        store.write_summary(summ)
+        _render(rows, step, verbose)
         broken = summ["not_resolved"]
         if step == "gold_patch" and broken:
-            console.print(f"[yellow]{len(broken)} instance(s) whose gold patch does not resolve them:[/]")
+            console.print(Text(f"{len(broken)} instance(s) whose gold patch does not resolve them:", style="yellow"))
             for b in broken:
                 why = ", ".join(b["failing_tests"]) or (b["error"] or "").splitlines()[0][:200]
-                console.print(f"  {b['instance_id']} ({b['status']}): {why}", soft_wrap=True)
-        console.print(f"{summ['resolved']}/{summ['total']} resolved, {summ['unresolved']} unresolved, "
-                      f"{summ['errors']} errors; images built {summ['images_built']}, reused {summ['images_reused']}; "
-                      f"{summ['wall_s']:.1f}s", soft_wrap=True)
+                console.print(Text(f"  {b['instance_id']} ({b['status']}): {why}"), soft_wrap=True)
+        for f in summ["infra_failures"]:
+            console.print(Text(f"  infra {f['instance_id']} [{f['reason']}]: {(f['error'] or '').splitlines()[0][:200]}", style="magenta"), soft_wrap=True)
+        console.print(Text(f"{summ['resolved']}/{summ['total']} resolved, {summ['unresolved']} unresolved, "
+                           f"{summ['errors']} errors, {summ['infra']} infra; images built {summ['images_built']}, "
+                           f"reused {summ['images_reused']}; {summ['wall_s']:.1f}s; results in {run_dir}"), soft_wrap=True)
         if as_json:
             sys.stdout.write(json.dumps(summ, indent=2) + "\n")
-        if summ["errors"] or (fail_on_unresolved and summ["resolved"] < summ["total"]):
+        if summ["errors"] or summ["infra"] or (fail_on_unresolved and summ["resolved"] < summ["total"]):
+            raise typer.Exit(1)
+
+    @swe.command("validate")
+    def validate_cmd(
+        tasks: Annotated[str, typer.Argument(help="Rows: a JSONL or JSON file, a datasets directory or hub name, or `bundled`.")],
+        runs: Annotated[int, typer.Option("--runs", "-n", min=1, help="Runs of each step per instance (2+ finds flaky tests).")] = 2,
+        concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, help="Instances at once.")] = 2,
+        instance: Annotated[Optional[list[str]], typer.Option("--instance", "-i", help="Only these instance ids.")] = None,
+        output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Run directory (default: runs/swe-validate-TIME).")] = None,
+        resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue the validation in this directory.")] = None,
+        mirrors: Annotated[Optional[Path], typer.Option(help=MIRRORS_HELP)] = None,
+        recipes: Annotated[Optional[Path], typer.Option(help="Recipes file for repos no spec covers.")] = None,
+        provider: Annotated[str, typer.Option(help="Sandbox provider.")] = "docker",
+        split: Annotated[str, typer.Option(help="Dataset split.")] = "test",
+        as_json: Annotated[bool, typer.Option("--json", help="Print the JSON summary on stdout.")] = False,
+    ) -> None:
+        """Gold patch and empty patch on every instance, N runs each: gold must resolve every
+        run, empty none; FAIL_TO_PASS must fail and PASS_TO_PASS pass without the fix; tests
+        that change outcome between runs are flagged flaky. Seconds per instance, a table."""
+        import anyio
+
+        from sandgym.errors import UserError
+        from sandgym.swe.store import RunStore
+        from sandgym.swe.validate import validation_summary
+
+        task_list = _load(tasks, instance, split)
+        run_dir = _run_dir("validate", output, resume, "gold+none")
+        store = RunStore(run_dir)
+        try:
+            store.start({"kind": "validate", "step": "gold+none", "runs": runs, "tasks": tasks, "argv": sys.argv[1:]},
+                        resume=resume is not None)
+        except (FileExistsError, ValueError) as exc:
+            raise UserError(str(exc)) from exc
+        t0 = time.perf_counter()
+        vals = anyio.run(_run_validate, task_list, runs, concurrency, provider, mirrors, recipes, store)
+        summ = validation_summary(vals, runs, time.perf_counter() - t0)
+        summ["output_dir"] = str(run_dir)
+        (run_dir / "validation.json").write_text(json.dumps(summ, indent=2) + "\n")
+        _render_validation(vals)
+        for v in vals:
+            if v.verdict != "valid":
+                console.print(Text(f"  {v.instance_id}: {'; '.join(v.problems)}", style="red"), soft_wrap=True)
+        console.print(Text(f"{summ['valid']}/{summ['total']} valid; {summ['wall_s']:.1f}s; results in {run_dir}"), soft_wrap=True)
+        if as_json:
+            sys.stdout.write(json.dumps(summ, indent=2) + "\n")
+        if summ["valid"] < summ["total"]:
             raise typer.Exit(1)
 
     @swe.command("bundled")
@@ -142,20 +265,22 @@ def register(app: typer.Typer) -> None:
 
         tasks = load_bundled(dest)
         for t in tasks:
-            console.print(f"{t.instance_id:40} {t.base_commit[:12]}  {t.repo_path}", soft_wrap=True)
+            console.print(Text(f"{t.instance_id:40} {t.base_commit[:12]}  {t.repo_path}"), soft_wrap=True)
         print(dest.resolve() / "tasks.jsonl")
 
     @swe.command("build")
     def build_cmd(
-        tasks: Annotated[str, typer.Argument(help="Tasks: a JSONL file, a dataset, or `bundled`.")],
+        tasks: Annotated[str, typer.Argument(help="Rows: a JSONL or JSON file, a dataset, or `bundled`.")],
         instance: Annotated[Optional[list[str]], typer.Option("--instance", "-i")] = None,
-        mirrors: Annotated[Optional[Path], typer.Option(help="Directory of local repository mirrors.")] = None,
+        mirrors: Annotated[Optional[Path], typer.Option(help=MIRRORS_HELP)] = None,
+        recipes: Annotated[Optional[Path], typer.Option(help="Recipes file for repos no spec covers.")] = None,
         split: Annotated[str, typer.Option()] = "test",
     ) -> None:
         """Build (or find) the image of every task."""
         import anyio
 
-        from sandgym.swe.images import ImageBuildError, TaskImageBuilder
+        from sandgym.swe.images import BaseImageError, ImageBuildError, RepoError, TaskImageBuilder
+        from sandgym.swe.tasks import RecipeError
 
         task_list = _load(tasks, instance, split)
         failed = 0
@@ -163,44 +288,50 @@ def register(app: typer.Typer) -> None:
         async def go() -> None:
             nonlocal failed
             with console.status("building task images...") as status:
-                builder = TaskImageBuilder(mirrors=mirrors, log=lambda line: status.update(f"[dim]{line[:110]}[/]"))
+                builder = TaskImageBuilder(mirrors=mirrors, recipes=recipes,
+                                           log=lambda line: status.update(Text(line[:110], style="dim")))
                 for t in task_list:
                     try:
                         b = await builder.ensure(t)
-                        console.print(f"{t.instance_id:40} {b.tag}  {'reused' if b.reused else f'built in {b.build_s:.1f}s'}", soft_wrap=True)
-                    except (ImageBuildError, OSError, RuntimeError) as exc:
+                        console.print(Text(f"{t.instance_id:40} {b.tag}  {'reused' if b.reused else f'built in {b.build_s:.1f}s'}"), soft_wrap=True)
+                    except (ImageBuildError, BaseImageError, RepoError, RecipeError, OSError) as exc:
                         failed += 1
-                        console.print(f"[red]{t.instance_id}[/]: {exc}", soft_wrap=True)
+                        console.print(Text(f"{t.instance_id}: {exc}", style="red"), soft_wrap=True)
 
         anyio.run(go)
         if failed:
             raise typer.Exit(1)
 
 
-async def _run(task_list: list[Any], step: str, concurrency: int, provider: str, command: str | None,
-               script: str | None, mirrors: Path | None) -> tuple[list[Any], dict[str, Any]]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from sandgym.sandboxes.manager import SandboxManager
-    from sandgym.swe.debug import SWEDebugRunner, summary
+def _builder(mirrors: Path | None, recipes: Path | None) -> Any:
     from sandgym.swe.images import TaskImageBuilder
 
-    t0 = time.perf_counter()
-    with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("{task.fields[phase]}"), console=console, transient=False) as bar:
-        overall = bar.add_task(f"swe debug ({step})", total=len(task_list), phase="")
-        phases: dict[str, str] = {}
+    return TaskImageBuilder(mirrors=mirrors or os.environ.get("SANDGYM_SWE_MIRRORS"), recipes=recipes)
 
-        def progress(iid: str, phase: str) -> None:
-            if phase == "done":
-                phases.pop(iid, None)
-                bar.advance(overall)
-            else:
-                phases[iid] = phase
-            bar.update(overall, phase="  ".join(f"{i}:{p}" for i, p in list(phases.items())[:3]))
 
-        builder = TaskImageBuilder(mirrors=mirrors)
+async def _run_debug(todo: list[Any], total: int, done: int, step: str, concurrency: int, provider: str,
+                     command: str | None, script: str | None, mirrors: Path | None, recipes: Path | None,
+                     image_source: str, store: Any) -> None:
+    from sandgym.sandboxes.manager import SandboxManager
+    from sandgym.swe.debug import SWEDebugRunner
+
+    if not todo:
+        return
+    bar, progress = _progress(total, done, f"swe debug ({step})")
+    with bar:
         async with SandboxManager(provider, max_sandboxes=concurrency) as mgr:
-            runner = SWEDebugRunner(mgr, step=step, builder=builder, command=command, script=script, progress=progress)
-            results = await runner.run(task_list, concurrency)
-    return results, summary(results, step, time.perf_counter() - t0)
+            runner = SWEDebugRunner(mgr, step=step, builder=_builder(mirrors, recipes), command=command, script=script,
+                                    progress=progress, image_source=image_source, store=store)
+            await runner.run(todo, concurrency)
+
+
+async def _run_validate(task_list: list[Any], runs: int, concurrency: int, provider: str, mirrors: Path | None,
+                        recipes: Path | None, store: Any) -> list[Any]:
+    from sandgym.sandboxes.manager import SandboxManager
+    from sandgym.swe.validate import Validator
+
+    bar, progress = _progress(len(task_list) * runs * 2, 0, f"swe validate ({runs} run(s) of gold and empty)")
+    with bar:
+        async with SandboxManager(provider, max_sandboxes=concurrency) as mgr:
+            v = Validator(mgr, builder=_builder(mirrors, recipes), store=store, runs=runs, progress=progress)
+            return await v.run(task_list, concurrency)

@@ -30,8 +30,10 @@ def ks_for(n: int) -> list[int]:
 
 
 def group_advantages(rewards: Sequence[float], *, normalize_std: bool = True, eps: float = 1e-6) -> list[float]:
-    """GRPO advantages: reward minus the group mean, divided by the group std when asked.
-    A group whose rewards are all equal gets zeros (it teaches nothing)."""
+    """GRPO advantages of one rollout group: reward minus the group mean, divided by
+    (std + eps) when `normalize_std` (population std, as in Dr. GRPO's analysis and TRL);
+    without it the reward scale is kept (Dr. GRPO). A group whose rewards are all equal (std
+    below eps) gets zeros: it teaches nothing. Rubrics and the trainer both call this."""
     if not rewards:
         return []
     n = len(rewards)

@@ -30,13 +30,21 @@ class BuiltinEnv:
 # Every environment that ships with sandgym, in `sandgym eval --help` order (a description
 # fits on one 80-column help line).
 BUILTIN: dict[str, BuiltinEnv] = {
-    "humaneval": BuiltinEnv("sandgym.envs.humaneval", "HumanEval, one turn; the answer is tested in a sandbox."),
+    "humaneval": BuiltinEnv("sandgym.envs.humaneval", "HumanEval, one turn; tested in a sandbox."),
     "humaneval_tools": BuiltinEnv(
-        "sandgym.envs.humaneval", "HumanEval with a Python REPL tool in the rollout's sandbox.", {"tools": True}
+        "sandgym.envs.humaneval", "HumanEval with a Python REPL tool in a sandbox.", {"tools": True}
     ),
     "tool_use": BuiltinEnv("sandgym.envs.tool_use", "Chained tool calls over a seeded shop catalogue."),
-    "swe_agent": BuiltinEnv("sandgym.envs.swe_agent", "SWE tasks with bash and a file editor; reward: resolved."),
-    "swe_debug": BuiltinEnv("sandgym.envs.swe_debug", "SWE debug runs, no model: a step (gold patch), then tests."),
+    "swe_agent": BuiltinEnv("sandgym.envs.swe_agent", "SWE tasks with bash and a file editor."),
+    "swe_debug": BuiltinEnv("sandgym.envs.swe_debug", "SWE debug runs: a step (gold patch), then tests."),
+    "bfcl_v4_single_turn": BuiltinEnv(
+        "sandgym.envs.bfcl", "BFCL v4 single-turn calls, BFCL's own checker.", {"kind": "single_turn"}
+    ),
+    "bfcl_v4_multi_turn": BuiltinEnv(
+        "sandgym.envs.bfcl", "BFCL v4 multi-turn; backends run in the sandbox.", {"kind": "multi_turn"}
+    ),
+    "code_judge": BuiltinEnv("sandgym.envs.code_judge", "Competitive programming judge (stdin/stdout, calls)."),
+    "math_python": BuiltinEnv("sandgym.envs.math_python", "reasoning-gym math with a Python tool, math-verify."),
 }
 
 

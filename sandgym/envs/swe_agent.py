@@ -21,7 +21,8 @@ def load_environment(
     command_timeout_s: float = 120.0,
     split: str = "test",
     mirrors: str | None = None,
+    recipes: str | None = None,
     **kwargs: Any,
 ) -> SWEAgentEnv:
-    return SWEAgentEnv(resolve_tasks(tasks, split=split), builder=TaskImageBuilder(mirrors=mirrors),
+    return SWEAgentEnv(resolve_tasks(tasks, split=split), builder=TaskImageBuilder(mirrors=mirrors, recipes=recipes),
                        max_turns=max_turns, command_timeout_s=command_timeout_s, **kwargs)

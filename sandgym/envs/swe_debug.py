@@ -21,7 +21,8 @@ def load_environment(
     script: str | None = None,
     split: str = "test",
     mirrors: str | None = None,
+    recipes: str | None = None,
     **kwargs: Any,
 ) -> SWEDebugEnv:
     return SWEDebugEnv(resolve_tasks(tasks, split=split), step=step, command=command, script=script,
-                       builder=TaskImageBuilder(mirrors=mirrors), **kwargs)
+                       builder=TaskImageBuilder(mirrors=mirrors, recipes=recipes), **kwargs)

@@ -1,11 +1,14 @@
-"""A Qwen2-shaped causal LM with random weights and a byte-level BPE tokenizer trained here.
+"""Offline Qwen2-shaped models with random weights, and their tokenizers; nothing is downloaded.
 
-Nothing is downloaded: the tokenizer is trained with `tokenizers` on text the project ships
-(its own source and docs), the weights are random. The result is saved in Hugging Face
-format (config.json, model.safetensors, generation_config.json, tokenizer.json,
-tokenizer_config.json with a ChatML chat template) so that transformers and vLLM both load
-it from a local folder. Sizes: "tiny" for CPU tests, "0.5b" (Qwen2.5-0.5B's transformer
-shape with the local vocabulary) for GPU speed measurements.
+Two tokenizers share one chat template (CHAT_TEMPLATE) and the ChatML specials:
+- `byte_tokenizer()`: in memory, one token per byte (ids 0..255) then the specials; what the
+  trainer's `name_or_path = "tiny"` and the CPU tests use, with `tiny_qwen2()`;
+- `train_tokenizer()`: a byte-level BPE trained with `tokenizers` on text the project ships
+  (its own source and docs); `build()` saves it with a random model in Hugging Face format
+  (config.json, model.safetensors, generation_config.json, tokenizer.json,
+  tokenizer_config.json with the template inline) so that transformers and vLLM both load it
+  from a local folder. Sizes: "tiny" for CPU tests, "0.5b" (Qwen2.5-0.5B's transformer
+  shape with the local vocabulary) for GPU speed measurements.
 """
 
 from __future__ import annotations
@@ -16,15 +19,38 @@ from pathlib import Path
 from typing import Any, Literal
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-PAD, BOS_CHAT, EOS = SPECIALS
+PAD, EOS = SPECIALS[0], SPECIALS[2]
 
-# ChatML as Qwen writes it; past assistant turns render verbatim, so a multi-turn prompt
-# extends the previous turn's tokens.
+# ChatML as Qwen writes it. Tool schemas go in a leading system block; an assistant's tool
+# calls are rendered as Hermes-style JSON in <tool_call> tags (what
+# sandgym.train.backends.openai_server.parse_tool_calls reads back); tool results are messages
+# of role "tool". Content may be a string or a list of text parts.
+#
+# Prefix-preserving: every message renders the same whatever follows it, and the "\n" that
+# separates two blocks is written before the later one, so the rendering of messages[:k] is a
+# prefix (in text and in tokens: specials split the text) of the rendering of messages, and a
+# generated assistant turn ending in <|im_end|> ends exactly where the rendered message does.
+# With `suffix_from=k` (an extra apply_chat_template argument) only messages[k:] are rendered,
+# with no tools block: the text that extends the rendering of messages[:k]. (Separators are
+# written as {{ '\n' }}: transformers renders with trim_blocks, which drops a newline that
+# follows a block tag.)
 CHAT_TEMPLATE = (
-    "{% for m in messages %}"
-    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% set start = suffix_from if suffix_from is defined else 0 %}"
+    "{% if tools and start == 0 %}<|im_start|>system\n# Tools\n{{ tools | tojson }}<|im_end|>{% endif %}"
+    "{% for m in messages %}{% if loop.index0 >= start %}"
+    "{% if tools or not loop.first %}{{ '\\n' }}{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}"
+    "{% elif m['content'] %}{% for c in m['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}"
+    "{% endif %}"
+    "{% if m.get('tool_calls') %}{% for tc in m['tool_calls'] %}"
+    "<tool_call>{\"name\": \"{{ tc['function']['name'] }}\", \"arguments\": "
+    "{% if tc['function']['arguments'] is string %}{{ tc['function']['arguments'] }}"
+    "{% else %}{{ tc['function']['arguments'] | tojson }}{% endif %}}</tool_call>"
+    "{% endfor %}{% endif %}"
+    "<|im_end|>"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{% if tools or messages %}{{ '\\n' }}{% endif %}<|im_start|>assistant\n{% endif %}"
 )
 
 Size = Literal["tiny", "small", "0.5b"]
@@ -86,7 +112,83 @@ def train_tokenizer(
     return fast
 
 
+def byte_tokenizer() -> Any:
+    """A PreTrainedTokenizerFast over bytes: ids 0..255 are the byte-level symbols, then the
+    specials. Built in memory with `tokenizers` (no files, no downloads)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = ByteLevel.alphabet()
+    # Order symbols by the byte they stand for, so id == byte value (readable in tests).
+    byte_to_sym = {b: s for b, s in _bytes_to_unicode().items()}
+    assert set(byte_to_sym.values()) == set(alphabet)
+    vocab = {byte_to_sym[b]: b for b in range(256)}
+    for i, s in enumerate(SPECIALS):
+        vocab[s] = 256 + i
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIALS))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS,
+        pad_token=PAD,
+        bos_token=None,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2's reversible byte -> printable-unicode map (what ByteLevel uses).
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def tiny_qwen2(
+    vocab_size: int = 264,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 2048,
+    seed: int = 0,
+    eos_token_id: int = 258,
+    pad_token_id: int = 256,
+) -> Any:
+    """A randomly initialised Qwen2ForCausalLM (float32), in memory; the default vocabulary,
+    end and pad ids are byte_tokenizer()'s (264 rounded from 259, <|im_end|>, <|endoftext|>)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(cfg)
+
+
 def qwen2_config(size: Size, vocab_size: int, eos_token_id: int, pad_token_id: int, **overrides: Any) -> Any:
+    """A Qwen2Config of one of SHAPES (Qwen2.5's rope and tied embeddings), `overrides` last."""
     from transformers import Qwen2Config
 
     hidden, inter, layers, heads, kv = SHAPES[size]

@@ -28,7 +28,7 @@ from .debug import task_spec
 from .evaluate import evaluate, prepare
 from .images import TaskImageBuilder
 from .patches import PatchError, apply_hunks, parse_patch
-from .tasks import TESTBED, SWETask, load_tasks
+from .tasks import TESTBED, RecipeError, SWETask, load_tasks
 
 SYSTEM_PROMPT = f"""You are a software engineer fixing an issue in a Python repository.
 The repository is checked out at {TESTBED}; the shell starts there. You have two tools:
@@ -52,8 +52,10 @@ class SWEAgentEnv(SandboxEnv):
         **kwargs: Any,
     ) -> None:
         task_list = list(tasks) if isinstance(tasks, (list, tuple)) else load_tasks(tasks)
-        self.tasks = {t.instance_id: t for t in task_list}
         self.builder = builder or TaskImageBuilder()
+        # Rows without a recipe get theirs (swebench specs, a recipes file) once, here.
+        task_list = self.builder.resolve_all(task_list)
+        self.tasks = {t.instance_id: t for t in task_list}
         self.memory_mb, self.disk_mb = memory_mb, disk_mb
         rows = [agent_row(t) for t in task_list]
         kwargs.setdefault("name", "swe_agent")
@@ -76,6 +78,10 @@ class SWEAgentEnv(SandboxEnv):
     async def setup_state(self, state: State) -> None:
         # Not SandboxEnv's: each task has its own image (built or reused here).
         task = self.task_for(state)
+        if task.network:
+            from .debug import NETWORK_ERROR
+
+            raise RecipeError(NETWORK_ERROR)
         built = await self.builder.ensure(task)
         spec = task_spec(task, built.tag, memory_mb=self.memory_mb, disk_mb=self.disk_mb)
         sb = await self.require_sandboxes().acquire(spec)

@@ -1,14 +1,24 @@
 """SWE debug runs: no agent, one scripted step, then the resolved check.
 
-For each task: build or reuse its image, create its sandbox, copy the repository into
-/testbed, run one debug step, then `evaluate` (test patch, tests, per-test outcomes).
+For each task: resolve its recipe, build or reuse its image, create its sandbox, copy the
+repository into /testbed, run one debug step, then `evaluate` (test patch, tests, graded
+as SWE-bench grades).
 
 Steps:
 - `none`: nothing; the tests run against base_commit (a good task is unresolved).
-- `gold_patch`: apply the task's `patch` (`git apply`, then `patch -p1`).
+- `gold_patch`: apply the task's `patch` (`git apply`, then `patch -p1`; reversed for
+  SWE-smith rows, whose `patch` is the bug).
 - `command`: a shell command in /testbed (the CLI's `--command`, else the task's `debug_command`).
 - `script`: a script uploaded to the sandbox and run in /testbed (the CLI's `--script` file,
-  else the task's `debug_script` text); it runs with its shebang, or bash without one.
+  else the task's `debug_script`text); it runs with its shebang, or bash without one.
+
+An instance ends in one status: `resolved`, `unresolved` (the tests ran and were graded),
+`error` (the task cannot be run or graded as given: no recipe, the test patch does not
+apply, nothing parseable in the log) or `infra` (the environment failed: image build,
+repository, sandbox, setup, test timeout, output cap, a crash of the harness), with
+`infra_reason`; infra failures are reported apart from unresolved ones, as SWE-bench's
+newer harness does. A crash in one instance marks that instance, never the run, and with
+a store each instance is written to disk the moment it finishes.
 
 `SWEDebugRunner` is what `sandgym swe debug` drives; `SWEDebugEnv` wraps it as a sandgym
 environment (reward 1.0 when resolved) so `sandgym eval`-style code can run it too.
@@ -19,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from pathlib import Path
@@ -30,13 +41,19 @@ from pydantic import BaseModel, Field
 from sandgym.core.environment import Environment, error_text
 from sandgym.core.rubric import Rubric
 from sandgym.core.state import State
+from sandgym.sandboxes.errors import SandboxError
 from sandgym.sandboxes.spec import SandboxSpec
 
 from .evaluate import SCRATCH, TestReport, apply_patch, evaluate, prepare, run_logged
-from .images import ImageBuildError, TaskImageBuilder
-from .tasks import TESTBED, SWETask, load_tasks
+from .images import BaseImageError, ImageBuildError, ImageSourceError, RepoError, TaskImageBuilder, prebuilt_image
+from .store import RunStore
+from .tasks import TESTBED, RecipeError, SWETask, load_tasks
 
 log = logging.getLogger(__name__)
+
+STATUSES = ("resolved", "unresolved", "error", "infra")
+NETWORK_ERROR = ("the task asks for network access at test time, which needs the sandboxes' egress allow-list "
+                 "(issue 12); it is refused until that lands")
 
 
 class DebugStep(str, Enum):
@@ -51,42 +68,66 @@ class InstanceResult(BaseModel):
 
     instance_id: str
     repo: str = ""
+    version: str = ""
     step: str
-    status: str = "error"  # resolved | unresolved | error
+    status: str = "error"  # resolved | unresolved | error | infra
     resolved: bool = False
+    resolution: str | None = None  # swebench's RESOLVED_FULL / PARTIAL / NO
     error: str | None = None
+    infra_reason: str | None = None  # image_build, repository, base_image, sandbox, setup, timeout, output_cap, crash
     failing_tests: list[str] = Field(default_factory=list)
     fail_to_pass: dict[str, str] = Field(default_factory=dict)
     pass_to_pass: dict[str, str] = Field(default_factory=dict)
+    tests_status: dict[str, dict[str, list[str]]] = Field(default_factory=dict)
     tests: dict[str, str] = Field(default_factory=dict)
+    parser: str | None = None
+    graded_by: str | None = None
     step_exit_code: int | None = None
     test_exit_code: int | None = None
     applied_diff: str = ""
     image: str | None = None
     image_reused: bool | None = None
+    python: str | None = None
+    recipe_source: str | None = None
+    recipe_notes: list[str] = Field(default_factory=list)
     logs: dict[str, str] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
-        """The JSON summary row: no logs, no diff."""
-        return self.model_dump(exclude={"logs", "applied_diff", "tests"})
+        """The JSON summary row: no logs, no diff, no per-test table."""
+        return self.model_dump(exclude={"logs", "applied_diff", "tests", "tests_status"})
+
+    def record(self) -> dict[str, Any]:
+        """What result.json holds: everything but the logs (they are files of their own)."""
+        return self.model_dump(exclude={"logs"})
 
 
 Progress = Callable[[str, str], None]  # (instance_id, phase)
 
 
 def task_spec(task: SWETask, image: str, *, memory_mb: int = 2048, disk_mb: int = 1024, cpu: float = 1.0) -> SandboxSpec:
+    recipe = task.require_recipe()
     return SandboxSpec(
         image=image, workdir=TESTBED, memory_mb=memory_mb, disk_mb=disk_mb, cpu=cpu, pids=1024,
-        env=dict(task.recipe.env), exec_timeout_s=max(120.0, task.recipe.test_timeout_s),
+        env=dict(recipe.env), exec_timeout_s=max(120.0, recipe.test_timeout_s),
         # Big suites print a lot; the per-test summary comes last and must not be cut off.
         output_limit_bytes=64 << 20,
         labels={"sandgym-swe.instance": task.instance_id[:200]},
     )
 
 
+class _Infra(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class SWEDebugRunner:
-    """Runs one debug step over tasks with at most `concurrency` sandboxes at once."""
+    """Runs one debug step over tasks with at most `concurrency` sandboxes at once.
+
+    `image_source`: `build` (task images built here, offline) or `prebuilt` (SWE-bench's
+    published instance images; needs registry pull support, issue 12, and is refused per
+    instance until then). With a `store`, each result is saved as soon as it finishes."""
 
     def __init__(
         self,
@@ -100,7 +141,12 @@ class SWEDebugRunner:
         memory_mb: int = 2048,
         disk_mb: int = 1024,
         cpu: float = 1.0,
+        image_source: str = "build",
+        store: RunStore | None = None,
+        key: Callable[[SWETask], str] | None = None,
     ) -> None:
+        if image_source not in ("build", "prebuilt"):
+            raise ValueError(f"image_source must be build or prebuilt, not {image_source!r}")
         self.manager = manager
         self.step = DebugStep(step)
         self.builder = builder or TaskImageBuilder()
@@ -108,6 +154,9 @@ class SWEDebugRunner:
         self.script = script
         self.progress = progress or (lambda _i, _p: None)
         self.memory_mb, self.disk_mb, self.cpu = memory_mb, disk_mb, cpu
+        self.image_source = image_source
+        self.store = store
+        self.key = key or (lambda t: t.instance_id)
 
     async def run(self, tasks: Sequence[SWETask], concurrency: int = 2) -> list[InstanceResult]:
         limit = anyio.CapacityLimiter(max(1, concurrency))
@@ -123,70 +172,106 @@ class SWEDebugRunner:
         return [r for r in results if r is not None]
 
     async def run_one(self, task: SWETask) -> InstanceResult:
-        """Never raises for a broken task or a failed build: the result says what happened."""
-        res = InstanceResult(instance_id=task.instance_id, repo=task.repo, step=self.step.value)
+        """Never raises for a broken task, a failed build or a harness crash: the result
+        says what happened (and is on disk, with a store, before this returns)."""
+        res = InstanceResult(instance_id=task.instance_id, repo=task.repo, version=task.version, step=self.step.value)
         t0 = time.perf_counter()
         try:
-            self.progress(task.instance_id, "image")
+            await self._run(task, res)
+        except _Infra as exc:
+            res.status, res.infra_reason, res.error = "infra", exc.reason, str(exc)
+        except (RecipeError, ImageSourceError) as exc:
+            res.status, res.error = "error", str(exc)
+        except Exception as exc:  # a harness bug must not take the other instances down
+            log.debug("instance %s crashed", task.instance_id, exc_info=True)
+            res.status, res.infra_reason, res.error = "infra", "crash", f"harness crash: {error_text(exc)}"
+            res.logs["crash"] = traceback.format_exc()
+        res.timings["total_s"] = time.perf_counter() - t0
+        if self.store is not None:
+            self.store.save(self.key(task), res.record(), res.logs, res.applied_diff)
+        self.progress(task.instance_id, "done")
+        return res
+
+    async def _run(self, task: SWETask, res: InstanceResult) -> None:
+        if task.network:
+            raise RecipeError(NETWORK_ERROR)
+        task = self.builder.resolve(task)
+        recipe = task.require_recipe()
+        res.python, res.recipe_source, res.recipe_notes = recipe.python, recipe.source, list(recipe.notes)
+        self.progress(task.instance_id, "image")
+        if self.image_source == "prebuilt":
+            raise ImageSourceError(f"prebuilt image {prebuilt_image(task)}: using SWE-bench's published instance images "
+                                   f"needs registry pull support (issue 12); use --image-source build")
+        try:
             built = await self.builder.ensure(task)
-            res.image, res.image_reused = built.tag, built.reused
-            res.timings["image_s"] = built.build_s
-            self.progress(task.instance_id, "sandbox")
-            t1 = time.perf_counter()
-            spec = task_spec(task, built.tag, memory_mb=self.memory_mb, disk_mb=self.disk_mb, cpu=self.cpu)
+        except ImageBuildError as exc:
+            res.logs["image"] = "\n".join(exc.log_tail)
+            raise _Infra("image_build", str(exc)) from exc
+        except BaseImageError as exc:
+            raise _Infra("base_image", str(exc)) from exc
+        except (RepoError, FileNotFoundError) as exc:
+            raise _Infra("repository", str(exc)) from exc
+        res.image, res.image_reused = built.tag, built.reused
+        res.timings["image_s"] = built.build_s
+        self.progress(task.instance_id, "sandbox")
+        t1 = time.perf_counter()
+        spec = task_spec(task, built.tag, memory_mb=self.memory_mb, disk_mb=self.disk_mb, cpu=self.cpu)
+        try:
             async with self.manager.sandbox(spec) as sb:
                 res.timings["sandbox_s"] = time.perf_counter() - t1
-                base = await prepare(sb, task, res.logs)
+                try:
+                    base = await prepare(sb, task, res.logs)
+                except RuntimeError as exc:
+                    raise _Infra("setup", str(exc)) from exc
                 self.progress(task.instance_id, self.step.value)
                 t2 = time.perf_counter()
                 step_error = await self._run_step(sb, task, res)
                 res.timings["step_s"] = time.perf_counter() - t2
                 self.progress(task.instance_id, "tests")
                 ev = await evaluate(sb, task, res.logs, base=base)
-            res.applied_diff = ev.diff
-            res.timings.update(ev.timings)
-            if ev.report is not None:
-                self._take_report(res, ev.report)
-            res.error = step_error or ev.error
-            if ev.report is None:
-                res.status = "error"
-            else:
-                res.status = "resolved" if res.resolved else "unresolved"
-        except ImageBuildError as exc:
-            res.status, res.error = "error", str(exc)
-            res.logs["image"] = "\n".join(exc.log_tail)
-        except Exception as exc:
-            log.debug("instance %s failed", task.instance_id, exc_info=True)
-            res.status, res.error = "error", error_text(exc)
-        res.timings["total_s"] = time.perf_counter() - t0
-        self.progress(task.instance_id, "done")
-        return res
+        except SandboxError as exc:
+            raise _Infra("sandbox", f"sandbox failure: {error_text(exc)}") from exc
+        res.applied_diff = ev.diff
+        res.timings.update(ev.timings)
+        if ev.report is not None:
+            self._take_report(res, ev.report)
+        res.error = step_error or ev.error
+        if ev.infra:
+            res.status, res.infra_reason = "infra", ev.infra
+        elif ev.report is None or not ev.report.outcomes:
+            res.status = "error"
+        else:
+            res.status = "resolved" if res.resolved else "unresolved"
 
     @staticmethod
     def _take_report(res: InstanceResult, rep: TestReport) -> None:
         res.resolved = rep.resolved
+        res.resolution = rep.resolution
         res.failing_tests = list(rep.failing)
         res.fail_to_pass, res.pass_to_pass = dict(rep.fail_to_pass), dict(rep.pass_to_pass)
+        res.tests_status = rep.tests_status
         res.tests = dict(rep.outcomes)
         res.test_exit_code = rep.exit_code
+        res.parser, res.graded_by = rep.parser, rep.graded_by
 
     async def _run_step(self, sb: Any, task: SWETask, res: InstanceResult) -> str | None:
         """Run the step; returns an error note when the step itself failed (the tests still run,
         so the report shows what a half-applied step left)."""
         step = self.step
+        recipe = task.require_recipe()
         if step is DebugStep.NONE:
             return None
         if step is DebugStep.GOLD_PATCH:
             if not task.patch.strip():
                 return "the task has no gold patch"
-            r = await apply_patch(sb, task.patch, "gold", res.logs, "step")
+            r = await apply_patch(sb, task.patch, "gold", res.logs, "step", reverse=task.gold_reverse)
             res.step_exit_code = r.exit_code
             return None if r.ok else f"the gold patch does not apply (exit {r.exit_code}): {(r.stdout + r.stderr)[-400:]}"
         if step is DebugStep.COMMAND:
             cmd = self.command or task.debug_command
             if not cmd:
                 return "step `command` needs --command or the task's `debug_command`"
-            r = await run_logged(sb, cmd, res.logs, "step", timeout=task.recipe.test_timeout_s)
+            r = await run_logged(sb, cmd, res.logs, "step", timeout=recipe.test_timeout_s)
             res.step_exit_code = r.exit_code
             return None if r.ok else f"the debug command exited {r.exit_code}"
         if step is DebugStep.SCRIPT:
@@ -196,31 +281,42 @@ class SWEDebugRunner:
             path = f"{SCRATCH}/debug-script"
             await sb.write_file(path, text, mode=0o755)
             runner = path if text.startswith("#!") else f"bash {path}"
-            r = await run_logged(sb, runner, res.logs, "step", timeout=task.recipe.test_timeout_s)
+            r = await run_logged(sb, runner, res.logs, "step", timeout=recipe.test_timeout_s)
             res.step_exit_code = r.exit_code
             return None if r.ok else f"the debug script exited {r.exit_code}"
         raise ValueError(step)  # pragma: no cover
 
 
-def broken_report(results: Sequence[InstanceResult]) -> list[dict[str, Any]]:
-    """Instances the step did not resolve, with why: for `gold_patch`, the broken tasks."""
+def broken_report(results: Sequence[Any]) -> list[dict[str, Any]]:
+    """Instances the step did not resolve, with why: for `gold_patch`, the broken tasks
+    (infra failures are listed apart: they say nothing about the task)."""
+    rows = [_as_dict(r) for r in results]
     return [
-        {"instance_id": r.instance_id, "status": r.status, "failing_tests": r.failing_tests, "error": r.error}
-        for r in results if not r.resolved
+        {"instance_id": r["instance_id"], "status": r["status"], "failing_tests": r.get("failing_tests", []), "error": r.get("error")}
+        for r in rows if not r.get("resolved") and r.get("status") != "infra"
     ]
 
 
-def summary(results: Sequence[InstanceResult], step: str, wall_s: float | None = None) -> dict[str, Any]:
+def _as_dict(r: Any) -> dict[str, Any]:
+    return r.summary() if isinstance(r, InstanceResult) else dict(r)
+
+
+def summary(results: Sequence[Any], step: str, wall_s: float | None = None) -> dict[str, Any]:
+    """The run's summary over InstanceResults or result.json dicts (a resumed run mixes both)."""
+    rows = [_as_dict(r) for r in results]
     out: dict[str, Any] = {
         "step": step,
-        "total": len(results),
-        "resolved": sum(r.resolved for r in results),
-        "unresolved": sum(r.status == "unresolved" for r in results),
-        "errors": sum(r.status == "error" for r in results),
-        "images_built": sum(r.image_reused is False for r in results),
-        "images_reused": sum(r.image_reused is True for r in results),
-        "instances": [r.summary() for r in results],
-        "not_resolved": broken_report(results),
+        "total": len(rows),
+        "resolved": sum(bool(r.get("resolved")) for r in rows),
+        "unresolved": sum(r.get("status") == "unresolved" for r in rows),
+        "errors": sum(r.get("status") == "error" for r in rows),
+        "infra": sum(r.get("status") == "infra" for r in rows),
+        "images_built": sum(r.get("image_reused") is False for r in rows),
+        "images_reused": sum(r.get("image_reused") is True for r in rows),
+        "instances": [{k: v for k, v in r.items() if k not in ("logs", "applied_diff", "tests", "tests_status")} for r in rows],
+        "not_resolved": broken_report(rows),
+        "infra_failures": [{"instance_id": r["instance_id"], "reason": r.get("infra_reason"), "error": r.get("error")}
+                           for r in rows if r.get("status") == "infra"],
     }
     if wall_s is not None:
         out["wall_s"] = round(wall_s, 3)
@@ -271,7 +367,7 @@ class SWEDebugEnv(Environment):
         state.info["swe"] = res.summary()
         state.completion = [{"role": "assistant", "content": f"[{self.step.value}]\n{res.applied_diff}"}]
         state.stop_reason = "debug_step"
-        if res.status == "error" and not res.tests:
+        if res.status in ("error", "infra") and not res.tests:
             raise RuntimeError(res.error or "debug run failed")
 
 

@@ -2,8 +2,10 @@
 
 In a task sandbox whose /testbed holds the repository (maybe changed by a debug step or an
 agent): record the diff against base_commit, put the test files back to base_commit (so a
-change to the tests cannot pass them), apply `test_patch`, run the test command, parse
-per-test outcomes, and decide resolved = every FAIL_TO_PASS and every PASS_TO_PASS passes.
+change to the tests cannot pass them), apply `test_patch`, run the eval script (the
+recipe's eval commands, then the test command between SWE-bench's output markers), and
+grade the log as SWE-bench does (sandgym.swe.grading): resolved = every FAIL_TO_PASS and
+every PASS_TO_PASS test passes.
 """
 
 from __future__ import annotations
@@ -17,28 +19,20 @@ from pydantic import BaseModel, Field
 
 from sandgym.sandboxes.result import ExecResult
 
+from .grading import MISSING, TESTS_TIMEOUT, ParserError, TestReport, grade_log
 from .images import setup_commands
-from .tasks import TESTBED, SWETask
-from .testparse import Outcome, parse_tests
+from .tasks import END_TEST_OUTPUT, START_TEST_OUTPUT, TESTBED, SWETask, diff_paths
 
-MISSING = "missing"  # a listed test that the run did not report at all
+__all__ = ["MISSING", "SCRATCH", "Evaluation", "TestReport", "apply_patch", "evaluate", "prepare", "run_logged"]
+
 SCRATCH = "/tmp/sandgym-swe"
-
-
-class TestReport(BaseModel):
-    resolved: bool
-    fail_to_pass: dict[str, str] = Field(default_factory=dict)  # listed id -> outcome | "missing"
-    pass_to_pass: dict[str, str] = Field(default_factory=dict)
-    failing: list[str] = Field(default_factory=list)  # listed ids that did not pass, F2P first
-    outcomes: dict[str, str] = Field(default_factory=dict)  # everything the run reported
-    exit_code: int | None = None
-    framework: str = "pytest"
 
 
 class Evaluation(BaseModel):
     report: TestReport | None = None
     diff: str = ""
     error: str | None = None  # the test patch did not apply, the run timed out, ...
+    infra: str | None = None  # set when the failure is the environment's (timeout, output cap), not the patch's
     logs: dict[str, str] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict)
 
@@ -51,21 +45,6 @@ def log_text(cmd: str, r: ExecResult) -> str:
     return head + body
 
 
-def judge(task: SWETask, outcomes: dict[str, Outcome]) -> TestReport:
-    def status(tid: str) -> str:
-        o = outcomes.get(tid)
-        return o.value if o is not None else MISSING
-
-    f2p = {t: status(t) for t in task.FAIL_TO_PASS}
-    p2p = {t: status(t) for t in task.PASS_TO_PASS}
-    ok = {Outcome.PASSED.value, Outcome.XFAIL.value}
-    failing = [t for t, s in f2p.items() if s not in ok] + [t for t, s in p2p.items() if s not in ok]
-    # A task that lists no tests cannot show that anything was fixed.
-    resolved = not failing and bool(f2p or p2p)
-    return TestReport(resolved=resolved, fail_to_pass=f2p, pass_to_pass=p2p, failing=failing,
-                      outcomes={k: v.value for k, v in outcomes.items()})
-
-
 async def run_logged(sb: Any, cmd: str, logs: dict[str, str], key: str, *, timeout: float, cwd: str = TESTBED) -> ExecResult:
     r = await sb.exec(cmd, timeout=timeout, cwd=cwd)
     logs[key] = (logs.get(key, "") + ("\n" if key in logs else "") + log_text(cmd, r))
@@ -75,24 +54,26 @@ async def run_logged(sb: Any, cmd: str, logs: dict[str, str], key: str, *, timeo
 async def prepare(sb: Any, task: SWETask, logs: dict[str, str]) -> str:
     """Fill the fresh /testbed from the image's pristine copy; check it is at base_commit.
     Returns the full commit id, which later diffs and test-file restores are taken against
-    (HEAD may move: an agent can commit)."""
+    (HEAD may move: an agent can commit). A task with a setup patch (SWE-smith) starts at
+    the commit that holds it, on top of base_commit."""
     r = await run_logged(sb, setup_commands(TESTBED), logs, "setup", timeout=300, cwd="/")
     if not r.ok:
         raise RuntimeError(f"setup failed (exit {r.exit_code}): {(r.stderr or r.stdout)[-500:]}")
     head = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
     if not re.fullmatch(r"[0-9a-f]{40,64}", head):
         raise RuntimeError(f"setup did not report the commit of /testbed: {r.stdout[-200:]!r}")
-    if re.fullmatch(r"[0-9a-f]{4,64}", task.base_commit) and not head.startswith(task.base_commit):
+    if not task.setup_patch and re.fullmatch(r"[0-9a-f]{4,64}", task.base_commit) and not head.startswith(task.base_commit):
         raise RuntimeError(f"/testbed is at {head}, expected base_commit {task.base_commit}")
     return head
 
 
-async def apply_patch(sb: Any, patch: str, name: str, logs: dict[str, str], key: str) -> ExecResult:
+async def apply_patch(sb: Any, patch: str, name: str, logs: dict[str, str], key: str, *, reverse: bool = False) -> ExecResult:
     """`git apply`, falling back to `patch -p1` (fuzzier) when git refuses."""
     path = f"{SCRATCH}/{name}.diff"
     await sb.write_file(path, patch if patch.endswith("\n") else patch + "\n")
-    cmd = (f"git apply --verbose --whitespace=nowarn {path} || "
-           f"(echo '[git apply failed; trying patch -p1]'; patch --batch --fuzz=5 --forward -p1 --no-backup-if-mismatch --reject-file=- -i {path})")
+    r_git, r_patch = (" --reverse", " --reverse") if reverse else ("", "")
+    cmd = (f"git apply --verbose --whitespace=nowarn{r_git} {path} || "
+           f"(echo '[git apply failed; trying patch -p1]'; patch --batch --fuzz=5 --forward{r_patch} -p1 --no-backup-if-mismatch --reject-file=- -i {path})")
     return await run_logged(sb, cmd, logs, key, timeout=120)
 
 
@@ -107,14 +88,25 @@ async def current_diff(sb: Any, base: str, logs: dict[str, str]) -> str:
     return r.stdout
 
 
+def eval_script(task: SWETask) -> str:
+    """The script whose output is the test log: eval commands, then the test command
+    between SWE-bench's markers; its exit status is the test command's."""
+    recipe = task.require_recipe()
+    lines = ["set -uo pipefail", f"cd {TESTBED}", *recipe.eval_commands,
+             f"echo {shlex.quote(START_TEST_OUTPUT)}", task.test_command(), "rc=$?",
+             f"echo {shlex.quote(END_TEST_OUTPUT)}", "exit $rc"]
+    return "\n".join(lines) + "\n"
+
+
 async def evaluate(sb: Any, task: SWETask, logs: dict[str, str] | None = None, *, base: str | None = None) -> Evaluation:
     """`base`: the commit `prepare` returned (default: the task's base_commit)."""
     logs = logs if logs is not None else {}
     ev = Evaluation(logs=logs)
     t0 = time.perf_counter()
+    recipe = task.require_recipe()
     base_rev = base or task.base_commit
     ev.diff = await current_diff(sb, base_rev, logs)
-    files = task.test_files
+    files = diff_paths(task.test_patch)
     if files:
         q = shlex.quote(base_rev)
         revert = "; ".join(
@@ -132,20 +124,29 @@ async def evaluate(sb: Any, task: SWETask, logs: dict[str, str] | None = None, *
             return ev
     ev.timings["prepare_tests_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    cmd = task.test_command()
-    # One stream, in order (unittest reports on stderr), for the whole command line.
-    r = await run_logged(sb, f"(\n{cmd}\n) 2>&1", logs, "tests", timeout=task.recipe.test_timeout_s)
+    script = f"{SCRATCH}/eval.sh"
+    await sb.write_file(script, eval_script(task))
+    # One stream, in order (unittest reports on stderr).
+    r = await sb.exec(f"bash {script} 2>&1", timeout=recipe.test_timeout_s, cwd=TESTBED)
     ev.timings["tests_s"] = time.perf_counter() - t1
-    framework = task.recipe.framework()
-    outcomes = parse_tests(r.stdout + r.stderr, framework)
-    report = judge(task, outcomes)
-    report.exit_code = r.exit_code
-    report.framework = framework
-    ev.report = report
+    log = log_text(task.test_command(), r)
     if r.timed_out:
-        ev.error = f"the test command timed out after {task.recipe.test_timeout_s:g}s"
-    elif r.truncated and task.FAIL_TO_PASS and not all(t in outcomes for t in task.FAIL_TO_PASS + task.PASS_TO_PASS):
+        log += f"\n{TESTS_TIMEOUT}\n"
+    logs["tests"] = log
+    try:
+        report = grade_log(task, log)
+    except ParserError as exc:
+        ev.error = str(exc)
+        return ev
+    report.exit_code = r.exit_code
+    ev.report = report
+    listed = task.FAIL_TO_PASS + task.PASS_TO_PASS
+    if r.timed_out:
+        ev.error = f"the test command timed out after {recipe.test_timeout_s:g}s"
+        ev.infra = "timeout"
+    elif r.truncated and listed and not all(t in report.outcomes for t in listed):
         ev.error = f"the test output passed the sandbox's output cap ({r.output_limit} bytes); some outcomes are missing"
-    elif not outcomes:
-        ev.error = f"no test outcomes could be parsed from the test run (exit {r.exit_code}); see logs['tests']"
+        ev.infra = "output_cap"
+    elif not report.outcomes:
+        ev.error = f"no test outcomes could be parsed from the test run (exit {r.exit_code}, parser {report.parser}); see the tests log"
     return ev

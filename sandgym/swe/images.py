@@ -1,13 +1,17 @@
 """Task images, built offline and cached by content.
 
-Two layers, both FROM `recipe.base_image` (default sandgym/python:latest, no registry):
+Two layers, FROM the recipe's base image (sandgym/python:<X.Y> for its Python version,
+built from Debian with `sandgym images build --python X.Y`; no registry):
 
 - env image `sandgym-swe/env:<hash>`: a venv at /opt/task/venv with the recipe's pip
-  packages; shared by every task with the same (python, base image, pip) recipe.
-- instance image `sandgym-swe/<repo>:<hash>`: the repository at `base_commit` (a depth-1
-  fetch from the local repository or mirror into the build context: no future commits, no
-  remote) at /testbed, the recipe's install commands run there, then a pristine copy kept
-  at /opt/task/repo.
+  packages and requirements (under its constraints); shared by every task with the same
+  (python, base image, pip, requirements, constraints).
+- instance image `sandgym-swe/<repo>:<hash>`: the repository at `base_commit` at /testbed,
+  with its history and tags up to that commit (`history="full"`: fetched from the local
+  mirror into a bare repository at /opt/task/history.git, no later commits, no remote;
+  setuptools_scm and `git describe` work), or that commit alone (`history="shallow"`);
+  the row's setup patch applied and committed (SWE-smith's bug), the recipe's pre_install
+  and install commands run there, then a pristine copy kept at /opt/task/repo.
 
 Sandboxes mount a fresh tmpfs at /testbed (their workdir), so `setup_commands()` copies
 /opt/task/repo into it; the copy sits at the same path the install commands saw, so
@@ -29,6 +33,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import ssl
 import subprocess
 import tarfile
@@ -37,6 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -46,10 +52,15 @@ from .tasks import TESTBED, Recipe, SWETask
 log = logging.getLogger(__name__)
 
 # Bump when the Dockerfiles below change meaningfully: old images are then not reused.
-RECIPE_VERSION = "2"
+RECIPE_VERSION = "3"
 VENV = "/opt/task/venv"
 PRISTINE = "/opt/task/repo"
+HISTORY = "/opt/task/history.git"
 CA_PATH = "/opt/task/host-ca.pem"
+CONSTRAINTS_PATH = "/opt/task/constraints.txt"
+# The venv's own pip: Debian bullseye's (20.3) cannot install PEP 660 editables; 24.0 is
+# the pip of early 2024, when SWE-bench's harness images were built.
+VENV_PIP = "pip==24.0"
 LABEL_KIND = "sandgym.swe.kind"
 LABEL_HASH = "sandgym.swe.hash"
 LABEL_REPO = "sandgym.swe.repo"
@@ -75,6 +86,19 @@ class ImageBuildError(RuntimeError):
 
 class RepoError(RuntimeError):
     """The task's repository or base_commit cannot be read."""
+
+
+class BaseImageError(RuntimeError):
+    """The Python base image a recipe needs is missing and cannot be built here."""
+
+
+class ImageSourceError(RuntimeError):
+    """The chosen image source cannot provide the task's image (prebuilt: issue 12)."""
+
+
+def prebuilt_image(task: SWETask, namespace: str = "swebench", tag: str = "latest") -> str:
+    """SWE-bench's published instance image for a task (their naming: `__` is `_1776_`)."""
+    return f"{namespace}/sweb.eval.x86_64.{task.instance_id.replace('__', '_1776_')}:{tag}".lower()
 
 
 @dataclass(frozen=True)
@@ -116,7 +140,7 @@ def env_dockerfile(recipe: Recipe, *, with_ca: bool) -> str:
         "sys.exit(0 if (v + '.').startswith(w + '.') else 'python ' + v + ' in the base image, recipe wants ' + w)"
     ) % recipe.python
     lines = [
-        f"FROM {recipe.base_image}",
+        f"FROM {recipe.image()}",
         "USER root",
     ]
     if with_ca:
@@ -127,8 +151,13 @@ def env_dockerfile(recipe: Recipe, *, with_ca: bool) -> str:
         f"RUN python3 -c {shlex.quote(check)}",
         # The sandbox user owns nothing in the image; git must still accept the copied repo.
         "RUN git config --system --add safe.directory '*'",
-        f"RUN python3 -m venv {VENV}",
+        f"RUN python3 -m venv {VENV} && {VENV}/bin/python -m pip install -q {shlex.quote(VENV_PIP)}",
+        f"COPY constraints.txt {CONSTRAINTS_PATH}",
+        f"ARG PIP_CONSTRAINT={CONSTRAINTS_PATH}",
     ]
+    if recipe.requirements.strip():
+        lines += ["COPY requirements.txt /opt/task/requirements.txt",
+                  f"RUN {VENV}/bin/pip install -r /opt/task/requirements.txt"]
     if recipe.pip:
         lines.append(f"RUN {VENV}/bin/pip install " + " ".join(shlex.quote(p) for p in recipe.pip))
     lines += [
@@ -138,18 +167,36 @@ def env_dockerfile(recipe: Recipe, *, with_ca: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+_GIT_ID = "-c user.name=sandgym -c user.email=sandgym@localhost"
+
+
 def instance_dockerfile(task: SWETask, env_tag: str, *, with_ca: bool) -> str:
+    recipe = task.require_recipe()
     lines = [f"FROM {env_tag}", "USER root"]
     if with_ca:
         lines += [f"ARG PIP_CERT={CA_PATH}", f"ARG REQUESTS_CA_BUNDLE={CA_PATH}"]
-    lines += ["ARG PIP_NO_CACHE_DIR=1", "ARG PIP_DISABLE_PIP_VERSION_CHECK=1"]
-    for k, v in task.recipe.env.items():
+    lines += ["ARG PIP_NO_CACHE_DIR=1", "ARG PIP_DISABLE_PIP_VERSION_CHECK=1", f"ARG PIP_CONSTRAINT={CONSTRAINTS_PATH}"]
+    for k, v in recipe.env.items():
         lines.append(f"ENV {k}={json.dumps(v)}")
-    lines += [f"COPY repo {TESTBED}", f"WORKDIR {TESTBED}"]
-    for cmd in task.recipe.install:
+    if recipe.history == "full":
+        # A clone that borrows the history's objects (alternates): a sandbox copies the
+        # small .git, not the whole history. Tags come along; the remote is removed.
+        lines += [f"COPY history.git {HISTORY}",
+                  f"RUN chmod -R a+rX {HISTORY} && git clone -q --shared {HISTORY} {TESTBED} "
+                  f"&& git -C {TESTBED} remote remove origin"]
+    else:
+        lines += [f"COPY repo {TESTBED}"]
+        if task.version and "SETUPTOOLS_SCM_PRETEND_VERSION" not in recipe.env:
+            # No tags at depth 1: setuptools_scm would say 0.1.dev1; use the row's version.
+            lines.append(f"ENV SETUPTOOLS_SCM_PRETEND_VERSION={json.dumps(task.version)}")
+    lines.append(f"WORKDIR {TESTBED}")
+    if task.setup_patch.strip():
+        lines += ["COPY setup.diff /opt/task/setup.diff",
+                  f"RUN git apply --whitespace=nowarn /opt/task/setup.diff && git add -A && git {_GIT_ID} commit -qm 'sandgym: task state'"]
+    for cmd in (*recipe.pre_install, *recipe.install):
         # One RUN per command, so a failure names the very command.
         lines.append("RUN " + cmd.replace("\n", " \\\n  "))
-    if task.recipe.install:
+    if recipe.pre_install or recipe.install:
         # What the install left untracked (egg-info, build outputs) is part of the baseline,
         # not of a step's diff: hide it from git in this repository only.
         lines.append("RUN git ls-files --others --exclude-standard --directory >> .git/info/exclude")
@@ -167,10 +214,14 @@ def setup_commands(workdir: str = TESTBED) -> str:
 
 class TaskImageBuilder:
     """Builds (or finds) the image of each task. Safe to share between concurrent tasks:
-    one build per tag at a time, later callers wait and reuse it."""
+    one build per tag at a time, later callers wait and reuse it. Rows without a recipe
+    get theirs here (`resolve`: recipes file, then swebench's specs)."""
 
     def __init__(self, *, mirrors: str | os.PathLike[str] | None = None, log: Log | None = None,
-                 ca_bundle: str | os.PathLike[str] | None | bool = True) -> None:
+                 ca_bundle: str | os.PathLike[str] | None | bool = True,
+                 recipes: Any = None, build_bases: bool = True) -> None:
+        from .specs import RecipeResolver
+
         self.mirrors = mirrors
         self.log = log or (lambda line: None)
         if ca_bundle is True:
@@ -179,6 +230,8 @@ class TaskImageBuilder:
             self.ca_bundle = Path(ca_bundle)  # type: ignore[arg-type]
         else:
             self.ca_bundle = None
+        self.resolver = RecipeResolver(mirrors=mirrors, recipes=recipes)
+        self.build_bases = build_bases
         self._locks: dict[str, anyio.Lock] = {}
         self._client = None
 
@@ -191,30 +244,43 @@ class TaskImageBuilder:
             self._client = docker.from_env(timeout=3600)
         return self._client
 
+    def resolve(self, task: SWETask) -> SWETask:
+        """The task with its recipe (or `recipe_error` saying why there is none)."""
+        return self.resolver.resolve(task)
+
+    def resolve_all(self, tasks: Any) -> list[SWETask]:
+        return self.resolver.resolve_all(tasks)
+
     # ---- naming ----------------------------------------------------------------------
 
     def env_tag(self, recipe: Recipe) -> tuple[str, str]:
-        h = _sha({"v": RECIPE_VERSION, "kind": "env", **recipe.env_hash_material()})
+        h = _sha({"v": RECIPE_VERSION, "kind": "env", "pip_self": VENV_PIP, **recipe.env_hash_material()})
         py = re.sub(r"[^0-9.]", "", recipe.python) or "x"
         return f"sandgym-swe/env:py{py}-{h[:16]}", h
 
-    def instance_tag(self, task: SWETask) -> tuple[str, str, dict[str, str]]:
+    def instance_tag(self, task: SWETask) -> tuple[str, str, dict[str, Any]]:
         """(tag, hash, repo facts) for the task's image. Reads the local repository."""
+        recipe = task.require_recipe()
         repo = task.find_repo(self.mirrors)
         commit = _git(repo, "rev-parse", "--verify", f"{task.base_commit}^{{commit}}")
         tree = _git(repo, "rev-parse", f"{commit}^{{tree}}")
-        _, env_hash = self.env_tag(task.recipe)
+        tags = _git(repo, "tag", "--merged", commit).split() if recipe.history == "full" else []
+        _, env_hash = self.env_tag(recipe)
         h = _sha({
             "v": RECIPE_VERSION, "kind": "instance", "env": env_hash, "commit": commit, "tree": tree,
-            "install": list(task.recipe.install), "envvars": task.recipe.env,
+            "pre_install": list(recipe.pre_install), "install": list(recipe.install), "envvars": recipe.env,
+            "history": recipe.history, "tags": tags, "setup_patch": task.setup_patch,
         })
-        return f"sandgym-swe/{_slug(task.repo)}:{h[:16]}", h, {"path": str(repo), "commit": commit, "tree": tree}
+        facts = {"path": str(repo), "commit": commit, "tree": tree, "tags": tags}
+        return f"sandgym-swe/{_slug(task.repo)}:{h[:16]}", h, facts
 
     # ---- building --------------------------------------------------------------------
 
     async def ensure(self, task: SWETask) -> BuiltImage:
         """The task's image, built when missing (reused when present with the same hash)."""
-        env_tag, env_hash = self.env_tag(task.recipe)
+        task = self.resolve(task)
+        recipe = task.require_recipe()
+        env_tag, env_hash = self.env_tag(recipe)
         tag, h, facts = await anyio.to_thread.run_sync(self.instance_tag, task)
         t0 = time.perf_counter()
         async with self._lock(tag):
@@ -222,7 +288,9 @@ class TaskImageBuilder:
                 return BuiltImage(tag, env_tag, True, time.perf_counter() - t0)
             async with self._lock(env_tag):
                 if not await anyio.to_thread.run_sync(self._present, env_tag, env_hash):
-                    await anyio.to_thread.run_sync(self._build_env, task.recipe, env_tag, env_hash)
+                    async with self._lock("base:" + recipe.image()):
+                        await anyio.to_thread.run_sync(self._ensure_base, recipe)
+                    await anyio.to_thread.run_sync(self._build_env, recipe, env_tag, env_hash)
             await anyio.to_thread.run_sync(self._build_instance, task, env_tag, tag, h, facts)
         return BuiltImage(tag, env_tag, False, time.perf_counter() - t0)
 
@@ -240,28 +308,74 @@ class TaskImageBuilder:
             return False
         return (img.labels or {}).get(LABEL_HASH) == h
 
+    def _ensure_base(self, recipe: Recipe) -> None:
+        """The recipe's base image, built from Debian when it is one of ours and missing."""
+        import docker.errors
+
+        from sandgym.sandboxes.providers.docker import images as base_images
+
+        image = recipe.image()
+        try:
+            self.client.images.get(image)
+            return
+        except docker.errors.ImageNotFound:
+            pass
+        known = ", ".join(base_images.PYTHON_SUITES)
+        if recipe.base_image:
+            raise BaseImageError(f"base image {image} is missing (the recipe names it; build or load it first)")
+        if recipe.python not in base_images.PYTHON_SUITES:
+            raise BaseImageError(f"the recipe wants Python {recipe.python}, and no Debian release here ships it "
+                                 f"(images: {known}); set `python` for this repo/version in a recipes file (--recipes)")
+        if not self.build_bases:
+            raise BaseImageError(f"base image {image} is missing: sandgym images build --python {recipe.python}")
+        self.log(f"building {image} (sandgym images build --python {recipe.python})")
+        try:
+            base_images.build(python=recipe.python, log=self.log)
+        except Exception as exc:
+            raise BaseImageError(f"base image {image} is missing and building it failed: {exc}; "
+                                 f"run `sandgym images build --python {recipe.python}`") from exc
+
     def _build_env(self, recipe: Recipe, tag: str, h: str) -> None:
-        files = {"Dockerfile": env_dockerfile(recipe, with_ca=self.ca_bundle is not None).encode()}
+        files = {"Dockerfile": env_dockerfile(recipe, with_ca=self.ca_bundle is not None).encode(),
+                 "constraints.txt": "".join(c + "\n" for c in recipe.constraints).encode()}
+        if recipe.requirements.strip():
+            files["requirements.txt"] = recipe.requirements.encode()
         if self.ca_bundle is not None:
             files["host-ca.pem"] = self.ca_bundle.read_bytes()
-        self._build(tag, _tar(files), {LABEL_KIND: "env", LABEL_HASH: h})
+        with tempfile.TemporaryFile(prefix="sandgym-swe-ctx-") as ctx:
+            _tar(ctx, files)
+            self._build(tag, ctx, {LABEL_KIND: "env", LABEL_HASH: h})
 
-    def _build_instance(self, task: SWETask, env_tag: str, tag: str, h: str, facts: dict[str, str]) -> None:
-        with tempfile.TemporaryDirectory(prefix="sandgym-swe-") as tmp:
-            checkout = Path(tmp) / "repo"
-            _shallow_checkout(Path(facts["path"]), facts["commit"], checkout)
-            files = {"Dockerfile": instance_dockerfile(task, env_tag, with_ca=self.ca_bundle is not None).encode()}
-            ctx = _tar(files, dirs={"repo": checkout})
-        labels = {LABEL_KIND: "instance", LABEL_HASH: h, LABEL_REPO: task.repo[:200],
-                  LABEL_COMMIT: facts["commit"], LABEL_TREE: facts["tree"]}
-        self._build(tag, ctx, labels)
+    def _build_instance(self, task: SWETask, env_tag: str, tag: str, h: str, facts: dict[str, Any]) -> None:
+        recipe = task.require_recipe()
+        files = {"Dockerfile": instance_dockerfile(task, env_tag, with_ca=self.ca_bundle is not None).encode()}
+        if task.setup_patch.strip():
+            files["setup.diff"] = (task.setup_patch if task.setup_patch.endswith("\n") else task.setup_patch + "\n").encode()
+        with tempfile.TemporaryDirectory(prefix="sandgym-swe-") as tmp, tempfile.TemporaryFile(prefix="sandgym-swe-ctx-") as ctx:
+            t0 = time.perf_counter()
+            if recipe.history == "full":
+                src = Path(tmp) / "history.git"
+                history = _history(Path(facts["path"]), facts["commit"], facts["tags"], src)
+                if history == "partial":
+                    self.log(f"{task.repo}: the mirror lacks some old objects; history without old file contents")
+                dirs = {"history.git": src}
+            else:
+                src = Path(tmp) / "repo"
+                _shallow_checkout(Path(facts["path"]), facts["commit"], src)
+                dirs = {"repo": src}
+            _tar(ctx, files, dirs)
+            self.log(f"repository context for {tag}: {ctx.tell() >> 20} MiB in {time.perf_counter() - t0:.1f}s")
+            labels = {LABEL_KIND: "instance", LABEL_HASH: h, LABEL_REPO: task.repo[:200],
+                      LABEL_COMMIT: facts["commit"], LABEL_TREE: facts["tree"]}
+            self._build(tag, ctx, labels)
 
-    def _build(self, tag: str, context: bytes, labels: dict[str, str]) -> None:
+    def _build(self, tag: str, context: Any, labels: dict[str, str]) -> None:
         self.log(f"building {tag}")
+        context.seek(0)
         step = "(before the first step)"
         tail: list[str] = []
         stream = self.client.api.build(
-            fileobj=io.BytesIO(context), custom_context=True, tag=tag, network_mode="host",
+            fileobj=context, custom_context=True, tag=tag, network_mode="host",
             rm=True, forcerm=True, pull=False, labels=labels, decode=True,
         )
         for chunk in stream:
@@ -282,6 +396,52 @@ class TaskImageBuilder:
         self.log(f"built {tag}")
 
 
+def _run_git(args: list[str], *, input: str | None = None) -> None:
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    proc = subprocess.run(["git", *args], capture_output=True, text=True, env=env, input=input)
+    if proc.returncode != 0:
+        raise RepoError(f"git {' '.join(args[:4])} failed: {proc.stderr.strip()[-500:]}")
+
+
+def _history(src: Path, commit: str, tags: list[str], dest: Path) -> str:
+    """`dest` = a bare repository holding `commit` (as branch main) with its whole history
+    and the tags merged into it: nothing later, no remote. Fetched (not copied) from the
+    mirror, so objects of later commits never come along. A mirror that lacks some old
+    objects (big files left out of a snapshot) cannot be fetched whole: then the history
+    comes without file contents (a blob-less partial fetch), plus every file of `commit`'s
+    tree; log, describe and tags still work. Returns "full" or "partial"."""
+    url = f"file://{src.resolve()}"
+    refspecs = [f"{commit}:refs/heads/main", *(f"refs/tags/{t}:refs/tags/{t}" for t in tags)]
+    _run_git(["init", "-q", "--bare", str(dest)])
+    try:
+        _run_git(["-C", str(dest), "fetch", "-q", "--no-tags", "--stdin", url], input="\n".join(refspecs) + "\n")
+        mode = "full"
+    except RepoError as exc:
+        if not re.search(r"unable to read|corrupt|missing|did not send all necessary objects", str(exc)):
+            raise
+        shutil.rmtree(dest)
+        _run_git(["init", "-q", "--bare", str(dest)])
+        g = ["-C", str(dest)]
+        for k, v in (("gc.auto", "0"), ("core.repositoryformatversion", "1"), ("extensions.partialClone", "mirror")):
+            _run_git([*g, "config", k, v])
+        _run_git([*g, "remote", "add", "mirror", url])
+        _run_git([*g, "config", "remote.mirror.promisor", "true"])
+        _run_git([*g, "config", "remote.mirror.uploadpack",
+                  "git -c uploadpack.allowFilter=true -c uploadpack.allowAnySHA1InWant=true upload-pack"])
+        _run_git([*g, "fetch", "-q", "--no-tags", "--filter=blob:none", "--stdin", "mirror"], input="\n".join(refspecs) + "\n")
+        proc = subprocess.run(["git", *g, "rev-list", "--objects", "--missing=print", f"{commit}^{{tree}}"],
+                              capture_output=True, text=True)
+        blobs = [line[1:] for line in proc.stdout.splitlines() if line.startswith("?")]
+        if blobs:
+            _run_git([*g, "fetch", "-q", "--no-tags", "--no-write-fetch-head", "--stdin", "mirror"], input="\n".join(blobs) + "\n")
+        # No promisor left behind: a missing old blob is an error, never a fetch.
+        _run_git([*g, "remote", "remove", "mirror"])
+        _run_git([*g, "config", "--unset", "extensions.partialClone"])
+        mode = "partial"
+    _run_git(["-C", str(dest), "symbolic-ref", "HEAD", "refs/heads/main"])
+    return mode
+
+
 def _shallow_checkout(src: Path, commit: str, dest: Path) -> None:
     """`dest` = a git repository whose only history is `commit` (depth 1), checked out."""
     dest.mkdir(parents=True)
@@ -294,9 +454,9 @@ def _shallow_checkout(src: Path, commit: str, dest: Path) -> None:
     (dest / ".git" / "FETCH_HEAD").unlink(missing_ok=True)
 
 
-def _tar(files: dict[str, bytes], dirs: dict[str, Path] | None = None) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
+def _tar(out: Any, files: dict[str, bytes], dirs: dict[str, Path] | None = None) -> None:
+    """A build context written to the file object `out` (big histories stay out of memory)."""
+    with tarfile.open(fileobj=out, mode="w") as tar:
         for name, data in files.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
@@ -304,4 +464,3 @@ def _tar(files: dict[str, bytes], dirs: dict[str, Path] | None = None) -> bytes:
             tar.addfile(info, io.BytesIO(data))
         for name, path in (dirs or {}).items():
             tar.add(path, arcname=name)
-    return buf.getvalue()

@@ -1,4 +1,5 @@
-"""Test runner output -> per-test outcomes.
+"""Test runner output -> per-test outcomes (sandgym's own parsers; grading.py picks
+swebench's per-repo parsers first for SWE-bench repositories).
 
 pytest: the short summary lines of `-rA` (`PASSED tests/x.py::t`, `FAILED tests/x.py::t - msg`)
 and verbose lines (`tests/x.py::t PASSED [ 50%]`); the summary wins where both appear.
@@ -25,6 +26,11 @@ class Outcome(str, Enum):
     def ok(self) -> bool:
         """Counts as passing for resolution (SWE-bench counts an expected failure as a pass)."""
         return self in (Outcome.PASSED, Outcome.XFAIL)
+
+    @property
+    def status(self) -> str:
+        """The SWE-bench TestStatus spelling (XPASS has none there: neither pass nor fail)."""
+        return self.value.upper()
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

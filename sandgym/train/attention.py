@@ -25,7 +25,6 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 ATTN_IMPL = "sandgym_varlen"
-KERNELS = ("flash_attn", "torch_varlen", "sdpa")
 
 
 @functools.cache

@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandgym.train.loss import LossConfig
 
@@ -48,11 +48,21 @@ class BackendConfig(_Strict):
     # vllm
     gpu_memory_utilization: float = 0.3
     sleep_during_training: bool = True
-    base_url: str | None = None  # a separate `vllm serve`; weights pushed from here
     max_model_len: int = 4096
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_external_server(cls, data: Any) -> Any:
+        # Refused while the config is read, before any model is built.
+        if isinstance(data, dict) and "base_url" in data:
+            raise ValueError(
+                "backend.base_url: an external inference server is not supported yet; remove it "
+                "(the trainer starts its own colocated backend: kind = 'hf' or 'vllm')"
+            )
+        return data
 
-class ToyEnvConfig(_Strict):
+
+class ToyTaskConfig(_Strict):
     """A learnable token-level task: reward = fraction of generated tokens inside
     [target_low, target_high] (byte ids; default lowercase ASCII letters, ~10% at random)."""
 
@@ -65,8 +75,8 @@ class ToyEnvConfig(_Strict):
 
 class EnvConfig(_Strict):
     kind: Literal["toy", "sandgym"] = "toy"
-    toy: ToyEnvConfig = Field(default_factory=ToyEnvConfig)
-    # kind = "sandgym": an environment loaded by name (envs/<name>.py load_environment(**args))
+    toy: ToyTaskConfig = Field(default_factory=ToyTaskConfig)
+    # kind = "sandgym": an environment loaded by name (sandgym.envs registry, or a module with load_environment(**args))
     name: str = ""
     args: dict[str, Any] = Field(default_factory=dict)
     use_env_advantages: bool = False  # else recompute from rewards with [loss] options

@@ -1,7 +1,8 @@
 """GRPO loss and its variants, on flat per-token tensors.
 
 Variants (each unit-tested against a float64 loop in tests/train/test_loss.py):
-- advantages: group-normalised, divided by the group std (GRPO) or not (Dr. GRPO);
+- advantages (sandgym.core.stats.group_advantages, shared with environments' rubrics):
+  group-normalised, divided by the group std (GRPO) or not (Dr. GRPO);
 - normalisation: "token" (DAPO: sum over all loss tokens of the step / their count),
   "sequence" (GRPO: mean over each sequence's tokens, then mean over sequences),
   "constant" (Dr. GRPO: sum / (num sequences x a fixed max length));
@@ -35,24 +36,6 @@ class LossConfig(BaseModel):
     tis_cap: float = Field(2.0, gt=0.0)
     scale_advantages_by_std: bool = True
     advantage_eps: float = Field(1e-6, gt=0.0)
-
-
-def group_advantages(
-    rewards: torch.Tensor | list[float], group_ids: list[int] | torch.Tensor, scale_by_std: bool = True, eps: float = 1e-6
-) -> torch.Tensor:
-    """A_i = r_i - mean(group), divided by (std(group) + eps) when `scale_by_std`.
-    std is the population std (unbiased=False), as in Dr. GRPO's analysis and TRL."""
-    r = torch.as_tensor(rewards, dtype=torch.float64)
-    g = torch.as_tensor(group_ids, dtype=torch.long)
-    out = torch.empty_like(r)
-    for gid in torch.unique(g).tolist():
-        sel = g == gid
-        rg = r[sel]
-        a = rg - rg.mean()
-        if scale_by_std:
-            a = a / (rg.std(unbiased=False) + eps)
-        out[sel] = a
-    return out
 
 
 @dataclass

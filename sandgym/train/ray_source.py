@@ -1,5 +1,6 @@
-"""The trainer's rollout source on a Ray fleet (`[env] ray_address = "HOST:PORT"`): each
-generation batch's groups run on the cluster's sandgym nodes (sandgym.core.distributed), next
+"""RayRolloutSource: the trainer's rollouts on a Ray fleet (`[env] ray_address = "HOST:PORT"`).
+
+Each generation batch's groups run on the cluster's sandgym nodes (sandgym.core.distributed), next
 to their sandboxes, asking the trainer's inference backend over HTTP -- so that backend's
 address must be reachable from the nodes (on one machine, 127.0.0.1 is). A group lost with
 its node is run again elsewhere; one that keeps failing comes back as failed rollouts, which
@@ -11,10 +12,12 @@ from typing import Any
 
 from sandgym.core.state import State
 
-from .envs import SandgymEnvSource
+from .env_source import EnvRolloutSource
 
 
-class RayEnvSource(SandgymEnvSource):
+class RayRolloutSource(EnvRolloutSource):
+    """A RolloutSource (rollout_source.py) whose groups run on a Ray fleet."""
+
     def __init__(self, name: str, args: dict[str, Any], address: str, node_retries: int = 2) -> None:
         super().__init__(name, args)
         self.address = address

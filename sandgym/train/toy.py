@@ -1,6 +1,7 @@
-"""A toy multi-turn environment with a token-level reward a tiny random model learns in minutes.
+"""ToyTask: a toy multi-turn task with a token-level reward a tiny random model learns in
+minutes; a RolloutSource (rollout_source.py) for the trainer.
 
-Each prompt is a short random byte string. The model answers (turn 1), the environment appends
+Each prompt is a short random byte string. The model answers (turn 1), the task appends
 a few fixed tokens (standing in for a tool result), the model answers again (turn 2). Reward:
 the fraction of generated tokens whose id lies in [target_low, target_high] (lowercase ASCII
 by default, about 26/259 = 10% under a uniform random policy).
@@ -17,13 +18,13 @@ from typing import Any
 import anyio
 
 from sandgym.core.state import State, Turn, TurnTokens
-from sandgym.train.config import ToyEnvConfig
+from sandgym.train.config import ToyTaskConfig
 
 
-class ToyEnv:
+class ToyTask:
     name = "toy"
 
-    def __init__(self, cfg: ToyEnvConfig, seed: int = 0) -> None:
+    def __init__(self, cfg: ToyTaskConfig, seed: int = 0) -> None:
         self.cfg = cfg
         self.seed = seed
 

@@ -22,10 +22,12 @@ import anyio
 import torch
 
 from sandgym.core.state import State
+from sandgym.core.stats import group_advantages
+from sandgym.train.backends.base import InferenceBackend
 from sandgym.train.batch import PrefixMismatchError, Sequence, states_to_sequences
 from sandgym.train.config import TrainConfig
-from sandgym.train.loss import group_advantages
 from sandgym.train.policy import PolicyTrainer, autocast_dtype, resolve_device
+from sandgym.train.rollout_source import RolloutSource
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 def load_model_and_tokenizer(cfg: TrainConfig) -> tuple[torch.nn.Module, Any]:
     mc = cfg.model
     if mc.name_or_path == "tiny":
-        from sandgym.train.tiny import byte_tokenizer, tiny_qwen2
+        from sandgym.models.tiny import byte_tokenizer, tiny_qwen2
 
         t = mc.tiny
         model = tiny_qwen2(
@@ -53,7 +55,7 @@ def load_model_and_tokenizer(cfg: TrainConfig) -> tuple[torch.nn.Module, Any]:
     return model, tok
 
 
-def make_backend(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, device: torch.device) -> Any:
+def make_backend(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, device: torch.device) -> InferenceBackend:
     kind = cfg.backend.kind
     if kind == "auto":
         import importlib.util
@@ -74,18 +76,19 @@ def make_backend(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, devic
     )
 
 
-def make_env(cfg: TrainConfig) -> Any:
+def make_rollout_source(cfg: TrainConfig) -> RolloutSource:
+    """The `[env]` section's source: kind = "toy" (ToyTask) or "sandgym" (an environment)."""
     if cfg.env.kind == "toy":
-        from sandgym.train.toy import ToyEnv
+        from sandgym.train.toy import ToyTask
 
-        return ToyEnv(cfg.env.toy, seed=cfg.optim.seed)
+        return ToyTask(cfg.env.toy, seed=cfg.optim.seed)
     if cfg.env.ray_address:
-        from sandgym.train.ray_source import RayEnvSource
+        from sandgym.train.ray_source import RayRolloutSource
 
-        return RayEnvSource(cfg.env.name, cfg.env.args, cfg.env.ray_address)
-    from sandgym.train.envs import SandgymEnvSource
+        return RayRolloutSource(cfg.env.name, cfg.env.args, cfg.env.ray_address)
+    from sandgym.train.env_source import EnvRolloutSource
 
-    return SandgymEnvSource(cfg.env.name, cfg.env.args, provider=cfg.env.provider, max_sandboxes=cfg.env.max_sandboxes)
+    return EnvRolloutSource(cfg.env.name, cfg.env.args, provider=cfg.env.provider, max_sandboxes=cfg.env.max_sandboxes)
 
 
 class Trainer:
@@ -105,8 +108,8 @@ class Trainer:
         if cfg.loss.kl_beta > 0:
             ref = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.policy = PolicyTrainer(self.model, cfg.model, cfg.optim, cfg.loss, self.device, ref_model=ref)
-        self.env = make_env(cfg)
-        self.backend: Any = None
+        self.source = make_rollout_source(cfg)
+        self.backend: InferenceBackend | None = None  # made and started by run()
         self.step = 0  # completed optimizer steps (generation batches)
         self.data_position = 0  # index of the next dataset row
         self._wandb: Any = None
@@ -170,11 +173,14 @@ class Trainer:
 
     def generate(self, data_position: int) -> tuple[list[list[State]], float]:
         r = self.cfg.rollout
+        backend = self.backend
+        if backend is None:
+            raise RuntimeError("the inference backend is not started")
         t0 = time.perf_counter()
 
         async def go() -> list[list[State]]:
-            return await self.env.generate_groups(
-                self.backend.base_url, self.backend.model_name, data_position, r.prompts_per_step, r.group_size, self._sampling(), r.max_concurrent
+            return await self.source.generate_groups(
+                backend.base_url, backend.model_name, data_position, r.prompts_per_step, r.group_size, self._sampling(), r.max_concurrent
             )
 
         groups = anyio.run(go)
@@ -183,11 +189,11 @@ class Trainer:
     def assign_advantages(self, groups: list[list[State]]) -> None:
         if self.cfg.env.use_env_advantages and all(s.advantage is not None for g in groups for s in g):
             return
-        rewards = [s.reward for g in groups for s in g]
-        gids = [gi for gi, g in enumerate(groups) for _ in g]
-        adv = group_advantages(rewards, gids, self.cfg.loss.scale_advantages_by_std, self.cfg.loss.advantage_eps).tolist()
-        for s, a in zip((s for g in groups for s in g), adv):
-            s.advantage = float(a)
+        loss = self.cfg.loss
+        for g in groups:
+            adv = group_advantages([s.reward for s in g], normalize_std=loss.scale_advantages_by_std, eps=loss.advantage_eps)
+            for s, a in zip(g, adv):
+                s.advantage = float(a)
 
     def sequences(self, states: list[State]) -> tuple[list[Sequence], int]:
         """Trainable sequences; with on_prefix_mismatch = "skip", rollouts whose turns do not
@@ -217,9 +223,9 @@ class Trainer:
                 self._wandb = wandb.init(project=cfg.output.wandb_project, config=cfg.model_dump(mode="json"))
             except ImportError:
                 log.warning("wandb_project is set but wandb is not installed; logging to JSONL only")
-        self.backend = make_backend(cfg, self.model, self.tokenizer, self.device)
-        self.backend.start()
-        log.info("inference backend %s at %s; attention kernel %s", self.backend.name, self.backend.base_url, self.policy.kernel)
+        backend = self.backend = make_backend(cfg, self.model, self.tokenizer, self.device)
+        backend.start()
+        log.info("inference backend %s at %s; attention kernel %s", backend.name, backend.base_url, self.policy.kernel)
         history: list[dict[str, float]] = []
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1) if cfg.optim.overlap else None
         pending: concurrent.futures.Future[tuple[list[list[State]], float]] | None = None
@@ -258,13 +264,13 @@ class Trainer:
                     "staleness": staleness,
                 }
                 if pool is None:
-                    self.backend.sleep()  # vLLM frees its GPU memory for training; hf: no-op
+                    backend.sleep()  # vLLM frees its GPU memory for training; hf: no-op
                 if seqs:
                     m.update(self.policy.step(seqs))
                 else:
                     m.update({"loss": 0.0, "train_s": 0.0, "train_tokens_per_s": 0.0})
                     log.warning("step %d: no trainable rollouts (all errored or empty)", self.step + 1)
-                self.backend.update_weights(self.model)
+                backend.update_weights(self.model)
                 self.step += 1
                 m["step_s"] = time.perf_counter() - t_step
                 m["data_position"] = float(self.data_position)
@@ -278,7 +284,7 @@ class Trainer:
                 pending.cancel()
             if pool is not None:
                 pool.shutdown(wait=True)
-            self.backend.close()
+            backend.close()
             if self._wandb is not None:
                 self._wandb.finish()
         if cfg.output.plot and self.metrics_path.exists():

@@ -1,3 +1,4 @@
+import math
 from math import comb
 
 import pytest
@@ -51,3 +52,34 @@ def test_group_advantages() -> None:
     assert adv[0] == pytest.approx(1.0, rel=1e-4) and adv[1] == pytest.approx(-1.0, rel=1e-4)
     assert group_advantages([0.5, 0.5, 0.5]) == [0.0, 0.0, 0.0]
     assert group_advantages([2.0, 0.0], normalize_std=False) == [1.0, -1.0]
+
+
+def _ref_advantages(rewards: list[float], groups: list[int], scale: bool, eps: float) -> list[float]:
+    out = []
+    for r, g in zip(rewards, groups):
+        members = [x for x, gg in zip(rewards, groups) if gg == g]
+        mean = sum(members) / len(members)
+        var = sum((x - mean) ** 2 for x in members) / len(members)
+        out.append((r - mean) / (math.sqrt(var) + eps) if scale else r - mean)
+    return out
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_group_advantages_against_float64_reference(scale: bool) -> None:
+    """The trainer's use: one call per rollout group (formerly sandgym.train.loss's copy)."""
+    rewards = [0.0, 1.0, 1.0, 0.5, 3.0, 3.0, 3.0, 3.0, -1.0, 2.0]
+    groups = [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
+    got = [
+        a
+        for gid in sorted(set(groups))
+        for a in group_advantages([r for r, g in zip(rewards, groups) if g == gid], normalize_std=scale, eps=1e-6)
+    ]
+    assert got == pytest.approx(_ref_advantages(rewards, groups, scale, 1e-6), rel=1e-12, abs=1e-12)
+    # A group with identical rewards carries no signal.
+    assert got[4:8] == [0.0] * 4
+    # Dr. GRPO (no std scaling) keeps the reward scale.
+    if not scale:
+        assert got[8:] == pytest.approx([-1.5, 1.5])
+    # A group whose spread is below eps counts as identical rewards (float noise is no signal).
+    assert group_advantages([0.1, 0.1 + 1e-9], eps=1e-6) == [0.0, 0.0]
+    assert group_advantages([0.1, 0.1 + 1e-9], eps=1e-12) == pytest.approx([-1.0, 1.0], rel=1e-2)

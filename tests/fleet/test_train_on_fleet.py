@@ -14,7 +14,8 @@ def test_trainer_rolls_out_on_the_fleet(cluster: Any, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from sandgym.train.batch import states_to_sequences
     from sandgym.train.config import TrainConfig
-    from sandgym.train.ray_source import RayEnvSource
+    from sandgym.train.ray_source import RayRolloutSource
+    from sandgym.train.rollout_source import RolloutSource
     from sandgym.train.trainer import Trainer, make_backend
 
     cfg = TrainConfig.model_validate(
@@ -27,7 +28,7 @@ def test_trainer_rolls_out_on_the_fleet(cluster: Any, tmp_path: Path) -> None:
         }
     )
     tr = Trainer(cfg)
-    assert isinstance(tr.env, RayEnvSource)
+    assert isinstance(tr.source, RayRolloutSource) and isinstance(tr.source, RolloutSource)
     tr.backend = make_backend(cfg, tr.model, tr.tokenizer, tr.device)
     tr.backend.start()
     try:

@@ -78,3 +78,60 @@ def test_same_seed_same_weights(tmp_path: Path, built: Path) -> None:
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert (built / "tokenizer.json").read_text() == (again / "tokenizer.json").read_text()
+
+
+# One conversation with everything the template renders: a system prompt, content as text
+# parts, an assistant tool call (arguments as a JSON string and as an object), a tool result,
+# a final answer.
+_CONVERSATION = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": [{"type": "text", "text": "what is "}, {"type": "text", "text": "6*7?"}]},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "python", "arguments": '{"code": "print(6*7)"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "42\n"},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "c2", "type": "function", "function": {"name": "python", "arguments": {"code": "1"}}}]},
+    {"role": "tool", "tool_call_id": "c2", "content": "1"},
+    {"role": "assistant", "content": "42"},
+]
+_TOOLS = [{"type": "function", "function": {"name": "python", "parameters": {"type": "object", "properties": {"code": {"type": "string"}}}}}]
+
+
+def _tokenizers(built: Path) -> list:
+    from transformers import AutoTokenizer
+
+    return [tiny.byte_tokenizer(), AutoTokenizer.from_pretrained(built)]
+
+
+def test_one_chat_template_renders_tool_calls_and_results(built: Path) -> None:
+    for tok in _tokenizers(built):
+        text = tok.apply_chat_template(_CONVERSATION, tools=_TOOLS, tokenize=False)
+        assert text.startswith('<|im_start|>system\n# Tools\n[{"type": "function"')
+        assert "\n<|im_start|>user\nwhat is 6*7?<|im_end|>" in text
+        assert '<|im_start|>assistant\n<tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}</tool_call><|im_end|>' in text
+        assert '<tool_call>{"name": "python", "arguments": {"code": "1"}}</tool_call>' in text
+        assert "\n<|im_start|>tool\n42\n<|im_end|>" in text
+        assert text.endswith("\n<|im_start|>assistant\n42<|im_end|>")
+        assert "<tool_call>" not in tok.apply_chat_template(_CONVERSATION[:2], tokenize=False)
+
+
+def _ids(tok, messages: list, **kw) -> list[int]:
+    return tok(tok.apply_chat_template(messages, tokenize=False, **kw), add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("tools", [None, _TOOLS])
+def test_chat_template_is_prefix_preserving_and_renders_suffixes(built: Path, tools: list | None) -> None:
+    for tok in _tokenizers(built):
+        full = _ids(tok, _CONVERSATION, tools=tools)
+        for k in range(len(_CONVERSATION) + 1):
+            head = _ids(tok, _CONVERSATION[:k], tools=tools) if k else []  # transformers renders no empty chat
+            assert full[: len(head)] == head, k
+            # Only the new messages, as the ids that extend the first k.
+            assert head + _ids(tok, _CONVERSATION, tools=tools, suffix_from=k) == full, k
+            if not k:
+                continue
+            prompt = _ids(tok, _CONVERSATION[:k], tools=tools, add_generation_prompt=True)
+            assert head + _ids(tok, _CONVERSATION[:k], tools=tools, suffix_from=k, add_generation_prompt=True) == prompt, k
+            if k < len(_CONVERSATION) and _CONVERSATION[k]["role"] == "assistant":
+                # A generated turn ends at <|im_end|>: prompt + completion is the rendering
+                # of the conversation through that turn, token for token.
+                through = _ids(tok, _CONVERSATION[: k + 1], tools=tools)
+                assert through[: len(prompt)] == prompt and through[-1] == tok.eos_token_id, k

@@ -37,13 +37,20 @@ def test_debug_gold_patch_json_and_broken_report(bundled_dir: Path, tmp_path: Pa
     assert "median" in (inst / "applied.diff").read_text()
     assert "test_median_even PASSED" in (inst / "tests.log").read_text() or "PASSED tests/test_core.py::test_median_even" in (inst / "tests.log").read_text()
     # --fail-on-unresolved turns the broken task into a failing exit status.
-    proc = _swe("debug", str(bundled_dir / "tasks.jsonl"), "-i", "romanize__subtractive-broken-gold", "--fail-on-unresolved")
+    proc = _swe("debug", str(bundled_dir / "tasks.jsonl"), "-i", "romanize__subtractive-broken-gold", "--fail-on-unresolved",
+                "-o", str(tmp_path / "run2"))
     assert proc.returncode == 1
+    # The same directory again without --resume is refused; with it, nothing is left to run.
+    proc = _swe("debug", str(bundled_dir / "tasks.jsonl"), "-o", str(out))
+    assert proc.returncode == 2 and "--resume" in proc.stderr
+    proc = _swe("debug", str(bundled_dir / "tasks.jsonl"), "--resume", str(out), "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["resolved"] == 4
+    assert "5 finished, 0 to run" in " ".join(proc.stderr.split())
 
 
 def test_debug_step_none_and_bad_input(bundled_dir: Path, tmp_path: Path) -> None:
     require_docker()
-    proc = _swe("debug", str(bundled_dir / "tasks-good.jsonl"), "--step", "none", "--json")
+    proc = _swe("debug", str(bundled_dir / "tasks-good.jsonl"), "--step", "none", "--json", "-o", str(tmp_path / "none"))
     assert proc.returncode == 0, proc.stderr
     summ = json.loads(proc.stdout)
     assert summ["total"] == 4 and summ["resolved"] == 0 and summ["unresolved"] == 4
@@ -52,3 +59,46 @@ def test_debug_step_none_and_bad_input(bundled_dir: Path, tmp_path: Path) -> Non
     assert proc.returncode == 2 and "unknown step" in proc.stderr
     proc = _swe("debug", str(tmp_path / "missing.jsonl"))
     assert proc.returncode == 2 and "cannot load tasks" in proc.stderr
+
+
+def test_validate_flags_the_broken_task(bundled_dir: Path, tmp_path: Path) -> None:
+    """Gold and empty patch, two runs each: the good task is valid; the broken one is not,
+    and the table says why (its gold patch fails a named test in every run)."""
+    require_docker()
+    out = tmp_path / "val"
+    proc = _swe("validate", str(bundled_dir / "tasks.jsonl"), "-i", "statskit__median-even",
+                "-i", "romanize__subtractive-broken-gold", "--runs", "2", "-o", str(out), "--json")
+    assert proc.returncode == 1, proc.stderr  # not every task is valid
+    summ = json.loads(proc.stdout)
+    vals = {v["instance_id"]: v for v in summ["instances"]}
+    good, broken = vals["statskit__median-even"], vals["romanize__subtractive-broken-gold"]
+    assert good["verdict"] == "valid" and good["gold_resolved"] == 2 and good["empty_resolved"] == 0 and good["runs"] == 2
+    assert good["flaky_listed"] == [] and good["cold_s"] is None or good["cold_s"] > 0
+    assert good["gold_warm_s"] is not None and good["empty_warm_s"] is not None
+    assert broken["verdict"] == "invalid" and broken["gold_resolved"] == 0
+    assert broken["gold_failing"] == ["tests/test_roman.py::test_subtractive_tens"]
+    assert "1/2 valid" in proc.stderr and "gold resolved 0/2 runs" in " ".join(proc.stderr.split())
+    for k in (1, 2):  # every run on disk, keyed instance/step-k
+        for step in ("gold_patch", "none"):
+            assert (out / "statskit__median-even" / f"{step}-{k}" / "result.json").exists()
+    assert json.loads((out / "validation.json").read_text())["valid"] == 1
+    # Resumed: nothing runs again, the verdicts are the same.
+    proc = _swe("validate", str(bundled_dir / "tasks.jsonl"), "-i", "statskit__median-even",
+                "-i", "romanize__subtractive-broken-gold", "--runs", "2", "--resume", str(out), "--json")
+    assert json.loads(proc.stdout)["valid"] == 1
+    assert len((out / "results.jsonl").read_text().splitlines()) == 8
+
+
+def test_prebuilt_images_and_network_wait_for_issue_12(bundled_dir: Path, tmp_path: Path) -> None:
+    require_docker()
+    proc = _swe("debug", str(bundled_dir / "tasks.jsonl"), "-i", "statskit__median-even", "--image-source", "prebuilt",
+                "--json", "-o", str(tmp_path / "pre"))
+    assert proc.returncode == 1
+    (inst,) = json.loads(proc.stdout)["instances"]
+    assert inst["status"] == "error" and "issue 12" in inst["error"]
+    assert "swebench/sweb.eval.x86_64.statskit_1776_median-even:latest" in inst["error"]
+    row = json.loads((bundled_dir / "tasks.jsonl").read_text().splitlines()[0])
+    (tmp_path / "net.jsonl").write_text(json.dumps({**row, "network": True}) + "\n")
+    proc = _swe("debug", str(tmp_path / "net.jsonl"), "--json", "-o", str(tmp_path / "net"))
+    (inst,) = json.loads(proc.stdout)["instances"]
+    assert proc.returncode == 1 and inst["status"] == "error" and "egress allow-list (issue 12)" in inst["error"]

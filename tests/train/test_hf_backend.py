@@ -12,11 +12,12 @@ import torch
 from sandgym.core.clients import OpenAIClient, extract_tokens
 from sandgym.core.state import State
 from sandgym.train.attention import use_varlen
-from sandgym.train.backends.hf import HFBackend, parse_tool_calls
+from sandgym.train.backends.hf import HFBackend
+from sandgym.train.backends.openai_server import parse_tool_calls
 from sandgym.train.batch import pack, state_to_sequence
 from sandgym.core.state import Turn, TurnTokens
 from sandgym.train.logprobs import packed_logprobs
-from sandgym.train.tiny import byte_tokenizer, tiny_qwen2
+from sandgym.models.tiny import byte_tokenizer, tiny_qwen2
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +126,32 @@ def test_separate_copy_follows_update_weights() -> None:
     b.update_weights(model)
     assert torch.equal(served.lm_head.weight, model.lm_head.weight)
     assert b.weights_version == 1
+
+
+def test_server_serves_any_engine_and_a_failed_start_leaves_nothing_running() -> None:
+    import threading
+
+    from sandgym.train.backends.hf import HFEngine
+    from sandgym.train.backends.openai_server import OpenAIServer
+
+    def engine_threads() -> int:
+        return sum(t.name == "sandgym-engine" for t in threading.enumerate())
+
+    engine = HFEngine(tiny_qwen2(seed=5), byte_tokenizer(), max_batch_size=4)
+    with pytest.raises(ValueError, match="loopback"):
+        OpenAIServer(engine, "direct", host="0.0.0.0")
+    base = engine_threads()  # other tests' servers may be running
+    srv = OpenAIServer(engine, "direct")  # no backend around it
+    srv.start()
+    try:
+        r = openai.OpenAI(base_url=srv.base_url, api_key="x").completions.create(
+            model="direct", prompt=[1, 2, 3], max_tokens=3, extra_body={"return_token_ids": True}
+        )
+        assert len(r.choices[0].model_extra["token_ids"]) == 3
+        assert engine_threads() == base + 1
+        with pytest.raises(OSError):
+            OpenAIServer(engine, "busy", port=srv.port).start()  # the port is taken
+        assert engine_threads() == base + 1  # the failed start closed its batcher
+    finally:
+        srv.close()
+    assert engine_threads() == base

@@ -28,7 +28,7 @@ def _docker_ok() -> bool:
 
 def _teach_tool_call(out: Path) -> Path:
     from sandgym import envs
-    from sandgym.train.tiny import byte_tokenizer, tiny_qwen2
+    from sandgym.models.tiny import byte_tokenizer, tiny_qwen2
 
     tok = byte_tokenizer()
     env = envs.load_environment("humaneval_tools", max_turns=3)

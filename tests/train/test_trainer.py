@@ -104,3 +104,13 @@ def test_cli_train_toy_config(tmp_path: Path) -> None:
     assert "attention=sdpa" in res.output
     assert (out / "metrics.jsonl").exists() and (out / "reward_loss.png").exists()
     assert (out / "checkpoints" / "step_000002" / "trainer_state.pt").exists()
+
+
+def test_external_inference_server_is_refused_when_the_config_is_read(tmp_path: Path) -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    toml = tmp_path / "external.toml"
+    toml.write_text('[backend]\nkind = "vllm"\nbase_url = "http://127.0.0.1:8000/v1"\n')
+    with pytest.raises(ValidationError, match="backend.base_url: an external inference server is not supported yet"):
+        TrainConfig.from_toml(toml)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sandgym.train.backends import vllm as vb
-from sandgym.train.tiny import byte_tokenizer, qwen2_05b_config, tiny_qwen2
+from sandgym.models.tiny import byte_tokenizer, qwen2_config, tiny_qwen2
 
 needs_no_vllm = pytest.mark.skipif(vb.vllm_available(), reason="vllm is installed here: the no-vllm error path cannot be seen")
 
@@ -98,7 +98,7 @@ def _engine_name(hf_name: str) -> str:
 
 def test_trainer_names_cover_the_engine_layout_measured_on_the_device() -> None:
     with torch.device("meta"):  # the device model's shape, no memory
-        model = __import__("transformers").Qwen2ForCausalLM(qwen2_05b_config(vocab_size=8192))
+        model = __import__("transformers").Qwen2ForCausalLM(qwen2_config("0.5b", 8192, eos_token_id=8191, pad_token_id=8190))
     engine = {_engine_name(n) for n, _ in vb.engine_weights(model)}
     # The device run loaded 170 engine parameters from this model (benchmarks/RESULTS.md).
     assert len(engine) == 170

@@ -1,8 +1,8 @@
 """vLLM inference backend, colocated with the trainer on one GPU.
 
-The engine (`vllm.LLM`, in this process, sleep mode on) sits behind the same OpenAI-compatible
-server as the transformers backend (`hf.build_app`), so environments reach it exactly as they
-reach any model server. After each optimizer step `update_weights` loads the trainer's
+The engine (`vllm.LLM`, in this process, sleep mode on) sits behind its own instance of the
+OpenAI-compatible server the transformers backend uses (`openai_server.OpenAIServer`), so
+environments reach it exactly as they reach any model server. After each optimizer step `update_weights` loads the trainer's
 tensors into the engine's model in place (`LLM.apply_model` -> the model's `load_weights`,
 which maps Hugging Face names onto vLLM's fused q/k/v and gate/up tensors) and resets the
 prefix cache; `sleep` / `wake` free and restore the engine's GPU memory around training.
@@ -27,11 +27,12 @@ import os
 import tempfile
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
-from sandgym.train.backends.hf import GenRequest, GenResult
+from sandgym.train.backends.base import GenRequest, GenResult
+from sandgym.train.backends.openai_server import OpenAIServer
 
 log = logging.getLogger(__name__)
 
@@ -114,16 +115,14 @@ def sampled_logprobs(token_ids: list[int], logprobs: Any) -> list[float]:
 
 
 class VLLMEngine:
-    """Same interface as HFEngine (generate / tokenizer / max_batch_size / lock), plus
-    `logprobs_of` (the engine's logprobs of fixed completions)."""
+    """An InferenceEngine over `vllm.LLM`, plus `logprobs_of` (the engine's logprobs of fixed
+    completions) and `lock` (held while generating, sleeping, waking, loading weights)."""
 
     def __init__(self, llm: Any, tokenizer: Any, max_batch_size: int = 1024) -> None:
         self.llm = llm
         self.tokenizer = tokenizer
-        self.max_batch_size = max_batch_size  # the HTTP front's batching window
+        self.max_batch_size = max_batch_size  # the server's batch size
         self.lock = threading.Lock()  # held while generating, sleeping, waking, loading weights
-        eos = tokenizer.eos_token_id if tokenizer is not None else None
-        self.eos_ids = [int(eos)] if eos is not None else []
 
     @staticmethod
     def _params(r: GenRequest) -> Any:
@@ -220,14 +219,12 @@ class VLLMBackend:
         self.asleep = False
         self.weights_version = 0
         self.last_update: dict[str, Any] = {}
-        self._http: Any = None  # the OpenAI-compatible front (an HFBackend-style server)
+        self.server: OpenAIServer | None = None  # made with the engine, in start()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     @classmethod
     def from_config(cls, cfg: Any, model: torch.nn.Module, tokenizer: Any) -> "VLLMBackend":
         require_vllm()  # before writing anything: say plainly what is missing
-        if cfg.backend.base_url:
-            raise NotImplementedError("a separate `vllm serve` is not supported yet; use the colocated engine")
         path = cfg.model.name_or_path
         b = cls(
             path,
@@ -248,9 +245,9 @@ class VLLMBackend:
 
     @property
     def base_url(self) -> str:
-        if self._http is None:
+        if self.server is None:
             raise RuntimeError("the vLLM backend is not started")
-        return self._http.base_url
+        return self.server.base_url
 
     def engine_kwargs(self) -> dict[str, Any]:
         """What `vllm.LLM` is constructed with (the arguments run on the device)."""
@@ -265,22 +262,18 @@ class VLLMBackend:
             enforce_eager=self.enforce_eager,
         )
 
-    def start(self, serve_http: bool = True) -> None:
+    def start(self) -> None:
         require_vllm()
         engine_env()
         from vllm import LLM
-
-        from sandgym.train.backends.hf import HFBackend
 
         # No in-process retry on failure: a second LLM in the same process fails with "CuMem
         # allocator can only be used for one instance per process" (seen on the device).
         self.llm = LLM(**self.engine_kwargs())
         self.asleep = False
         self.engine = VLLMEngine(self.llm, self.tokenizer, self.max_batch_size)
-        if serve_http:
-            # The transformers backend's HTTP front, with the vLLM engine behind it.
-            self._http = HFBackend.for_engine(self.engine, self.model_name)
-            self._http.start()
+        self.server = OpenAIServer(self.engine, self.model_name)
+        self.server.start()
 
     def _lock(self) -> Any:
         return self.engine.lock if self.engine is not None else contextlib.nullcontext()
@@ -329,9 +322,9 @@ class VLLMBackend:
             self.asleep = False
 
     def close(self) -> None:
-        if self._http is not None:
-            self._http.close()
-            self._http = None
+        if self.server is not None:
+            self.server.close()
+            self.server = None
         if self.llm is not None:
             # Dropping the LLM object alone does not give its GPU memory back in-process;
             # sleeping first does (measured on the device before the transformers run).

@@ -1,4 +1,5 @@
-"""Rollouts from a sandgym environment (sandgym.core; verifiers-style API) for training.
+"""EnvRolloutSource: the trainer's rollouts from a sandgym environment (sandgym.core;
+verifiers-style API), a RolloutSource (rollout_source.py).
 
 `env.generate(client, model, rows, rollouts_per_example=G)` rolls out each row G times
 (sandboxed tool calls included), scores each group with the environment's Rubric, and returns
@@ -12,9 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from sandgym.core.state import State
+from sandgym.errors import UserError
 
 
-class SandgymEnvSource:
+class EnvRolloutSource:
     def __init__(self, name: str, args: dict[str, Any], provider: str = "docker", max_sandboxes: int = 8) -> None:
         from sandgym import envs
 
@@ -24,7 +26,7 @@ class SandgymEnvSource:
         self.max_sandboxes = max_sandboxes
         self.rows = self.env.rows(None, split="train")
         if not self.rows:
-            raise ValueError(f"environment {name!r} has no rows")
+            raise UserError(f"environment {name!r} has no training rows")
 
     def rows_at(self, start: int, count: int) -> list[dict[str, Any]]:
         # The data position cycles through the dataset (epochs), deterministically.

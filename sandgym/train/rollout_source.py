@@ -1,0 +1,27 @@
+"""The trainer's rollout source: what produces a step's groups of rollouts.
+
+Implementations: env_source.EnvRolloutSource (a sandgym environment: `[env] kind = "sandgym"`),
+ray_source.RayRolloutSource (the same on a Ray fleet: `[env] ray_address`) and toy.ToyTask
+(`[env] kind = "toy"`). The trainer calls `generate_groups` once per step
+with the inference backend's endpoint; the source talks to it like any OpenAI-compatible
+server and returns States carrying token ids, rewards and (optionally) advantages.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from sandgym.core.state import State
+
+
+@runtime_checkable
+class RolloutSource(Protocol):
+    name: str  # recorded on each State (`State.env`)
+
+    async def generate_groups(
+        self, base_url: str, model: str, start: int, count: int, group_size: int, sampling: dict[str, Any], max_concurrent: int
+    ) -> list[list[State]]:
+        """`count` groups of `group_size` rollouts for dataset positions start .. start+count-1
+        (a source cycles its data); at most `max_concurrent` rollouts in flight; `sampling`
+        holds max_tokens, temperature, top_p. A failed rollout is a State with `error` set."""
+        ...
