@@ -135,7 +135,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     import anyio
 
-    from sandgym.fleet.cluster import LocalCluster
+    from sandgym.sandboxes.providers.ray.cluster import LocalCluster
 
     c = args.concurrency
     print(f"cpus={os.cpu_count()} load={load()} concurrency={c} node cap={args.cap}", flush=True)
@@ -163,7 +163,7 @@ def main() -> None:
                 print(f"round {rnd + 1} {what:6} {res['passed']}/{res['n']} passed, {res['wall_s']:.2f} s -> "
                       f"{res['per_s']:.1f}/s (command {res['command_wall_s']:.2f} s)  load {res['load']}", flush=True)
                 if cluster and what == "ray-1" and not rt:
-                    from sandgym.fleet.cluster import connect
+                    from sandgym.sandboxes.providers.ray.cluster import connect
 
                     connect(cluster.address)
                     rt = anyio.run(exec_round_trips, cluster.address, args.exec_runs)

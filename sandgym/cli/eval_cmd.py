@@ -146,9 +146,9 @@ def eval_command(
         progress.update(task_id, advance=1, reward=totals["reward"] / totals["n"], errors=totals["errors"])
 
     async def _run_on_ray() -> dict[str, Any]:
-        # The rollouts run on the cluster's node agents (sandgym.core.distributed); the
+        # The rollouts run on the cluster's node agents (sandgym.fleet.distributed); the
         # environment and the policy are rebuilt there from their names and arguments.
-        from sandgym.core.distributed import run_distributed_eval
+        from sandgym.fleet.distributed import run_distributed_eval
         from sandgym.fleet.jobs import ClientSpec, EnvSpec
 
         client_spec = (

@@ -49,7 +49,7 @@ def up(
                 "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus), "--port", str(port), "--prefix", prefix]
         _detach(argv, port, address_file, timeout)
         return
-    from sandgym.fleet.cluster import LocalCluster
+    from sandgym.sandboxes.providers.ray.cluster import LocalCluster
 
     cluster = LocalCluster([f"{prefix}{i}" for i in range(nodes)], max_sandboxes_per_node=max_sandboxes,
                            num_cpus=num_cpus, num_gpus=num_gpus, head_port=port)
@@ -137,7 +137,7 @@ def status(
     """The cluster's sandgym nodes: state, cap, live and waiting sandboxes, what was pruned."""
     import anyio
 
-    from sandgym.fleet.fleet import Fleet
+    from sandgym.sandboxes.providers.ray import Fleet
 
     async def main() -> list[dict[str, Any]]:
         async with Fleet(ray, node_wait_s=30) as fleet:

@@ -70,7 +70,7 @@ class TrainingPlacement:
     def reserve(self, timeout_s: float = 60.0) -> "TrainingPlacement":
         from ray.util.placement_group import placement_group
 
-        from .cluster import connect
+        from sandgym.sandboxes.providers.ray.cluster import connect
 
         ray = connect(self.address)
         self.trainers = placement_group(self.layout.trainer_bundles(), strategy=self.layout.trainer_strategy, name="sandgym-trainer")
@@ -168,7 +168,7 @@ def run_ranks(placement: TrainingPlacement, fn: Callable[..., Any], *args: Any, 
     returns the ranks' results in rank order. The actors end when this returns."""
     import ray
 
-    from .fleet import agent_runtime_env
+    from sandgym.sandboxes.providers.ray.fleet import agent_runtime_env
 
     world = placement.layout.trainer_ranks
     cls = ray.remote(RankWorker)

@@ -23,7 +23,7 @@ def get_provider(name: str = "docker", **kwargs: Any) -> Provider:
 
         return PrimeProvider(**kwargs)
     if name == "ray":
-        from sandgym.fleet.provider import RayProvider
+        from .providers.ray import RayProvider
 
         return RayProvider(**kwargs)
     raise ValueError(f"unknown provider {name!r}; choose one of {', '.join(PROVIDERS)}")

@@ -1,6 +1,6 @@
 """RayRolloutSource: the trainer's rollouts on a Ray fleet (`[env] ray_address = "HOST:PORT"`).
 
-Each generation batch's groups run on the cluster's sandgym nodes (sandgym.core.distributed), next
+Each generation batch's groups run on the cluster's sandgym nodes (sandgym.fleet.distributed), next
 to their sandboxes, asking the trainer's inference backend over HTTP -- so that backend's
 address must be reachable from the nodes (on one machine, 127.0.0.1 is). A group lost with
 its node is run again elsewhere; one that keeps failing comes back as failed rollouts, which
@@ -28,8 +28,8 @@ class RayRolloutSource(EnvRolloutSource):
     async def generate_groups(
         self, base_url: str, model: str, start: int, count: int, group_size: int, sampling: dict[str, Any], max_concurrent: int
     ) -> list[list[State]]:
-        from sandgym.core.distributed import generate_groups
-        from sandgym.fleet.fleet import Fleet
+        from sandgym.fleet.distributed import generate_groups
+        from sandgym.sandboxes.providers.ray import Fleet
         from sandgym.fleet.jobs import ClientSpec, EnvSpec
 
         client = ClientSpec(model=model, base_url=base_url, api_key="sandgym", request_tokens=True)

@@ -25,7 +25,7 @@ def require_ray() -> None:
 def cluster() -> Iterator[object]:
     require_docker()
     require_ray()
-    from sandgym.fleet.cluster import LocalCluster, connect
+    from sandgym.sandboxes.providers.ray.cluster import LocalCluster, connect
 
     names = [f"t{os.getpid()}n{i}" for i in range(3)]
     c = LocalCluster(names, max_sandboxes_per_node=NODE_CAP, num_gpus=2)

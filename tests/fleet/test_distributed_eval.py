@@ -40,7 +40,7 @@ def records(out: Path) -> list[dict[str, Any]]:
 async def no_containers_left(cluster: Any) -> None:
     """Every node's agent is up (an agent starting on a node prunes what its dead
     predecessor left) and the fleet's sessions are closed: nothing may remain."""
-    from sandgym.fleet import Fleet
+    from sandgym.sandboxes.providers.ray import Fleet
 
     async with Fleet(cluster.address) as fleet:
         assert len(fleet.ready_nodes()) == len(cluster.running)
@@ -109,7 +109,7 @@ def test_cli_eval_survives_a_node_killed_mid_run(cluster: Any, tmp_path: Path) -
 
 @pytest.mark.anyio
 async def test_resume_on_the_fleet_runs_only_what_is_missing(cluster: Any, tmp_path: Path) -> None:
-    from sandgym.core.distributed import run_distributed_eval
+    from sandgym.fleet.distributed import run_distributed_eval
     from sandgym.envs import load_environment
     from sandgym.fleet.jobs import ClientSpec, EnvSpec
 

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from sandgym.core.failures import classify
-from sandgym.fleet.ratelimit import Backoff, TokenBucket
+from sandgym.sandboxes.providers.ray.ratelimit import Backoff, TokenBucket
 from sandgym.sandboxes import SandboxLostError, SandboxManager, SandboxSpec
 from sandgym.sandboxes.base import ExecJob
 from sandgym.sandboxes.contract import CHECKS, DEFAULT_SPEC, run_check
@@ -39,7 +39,7 @@ def by_node(sbs: list[Any]) -> Counter[str]:
 
 
 async def test_cluster_wide_cap_waits_then_proceeds(cluster: Any) -> None:
-    from sandgym.fleet import Fleet
+    from sandgym.sandboxes.providers.ray import Fleet
 
     async with Fleet(cluster.address, max_sandboxes=4) as fleet:
         assert [n.name for n in fleet.ready_nodes()] == cluster.names
@@ -63,7 +63,7 @@ async def _create_into(fleet: Any, out: list[Any]) -> None:
 
 
 async def test_per_node_cap_waits_and_the_freed_node_takes_the_next(cluster: Any) -> None:
-    from sandgym.fleet import Fleet
+    from sandgym.sandboxes.providers.ray import Fleet
 
     async with Fleet(cluster.address) as fleet:
         assert {n.cap for n in fleet.ready_nodes()} == {NODE_CAP}  # advertised by each node
@@ -86,7 +86,7 @@ async def test_per_node_cap_waits_and_the_freed_node_takes_the_next(cluster: Any
 
 async def test_the_node_cap_holds_across_fleets(cluster: Any) -> None:
     """The agent's cap is the machine's, whoever asks: a second driver's create waits there."""
-    from sandgym.fleet import Fleet
+    from sandgym.sandboxes.providers.ray import Fleet
 
     node = cluster.names[0]
     async with Fleet(cluster.address, nodes=[node]) as a, Fleet(cluster.address, nodes=[node]) as b:
@@ -107,7 +107,7 @@ async def test_the_node_cap_holds_across_fleets(cluster: Any) -> None:
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
 async def test_ray_provider_passes_the_contract(cluster: Any, check: Any) -> None:
-    from sandgym.fleet import RayProvider
+    from sandgym.sandboxes.providers.ray import RayProvider
 
     provider = RayProvider(cluster.address)
     try:
@@ -135,7 +135,7 @@ async def test_sandbox_manager_over_the_fleet(cluster: Any) -> None:
 
 
 async def _session_sandboxes(cluster: Any, owner: str) -> list[Any]:
-    from sandgym.fleet import RayProvider
+    from sandgym.sandboxes.providers.ray import RayProvider
 
     p = RayProvider(cluster.address)
     try:
@@ -146,7 +146,7 @@ async def _session_sandboxes(cluster: Any, owner: str) -> list[Any]:
 
 async def test_a_session_whose_driver_stops_renewing_is_closed(cluster: Any) -> None:
     """A driver that dies (no heartbeats) leaks nothing: its lease runs out on the agent."""
-    from sandgym.fleet import Fleet
+    from sandgym.sandboxes.providers.ray import Fleet
 
     node = cluster.names[2]
     fleet = Fleet(cluster.address, nodes=[node], lease_s=1.0)
@@ -180,7 +180,7 @@ def test_token_bucket_and_backoff_arithmetic() -> None:
 
 
 async def test_creates_are_rate_limited(cluster: Any) -> None:
-    from sandgym.fleet import Fleet
+    from sandgym.sandboxes.providers.ray import Fleet
 
     async with Fleet(cluster.address, create_rate=1.0, create_burst=1) as fleet:
         out: list[Any] = []
@@ -195,8 +195,8 @@ async def test_creates_are_rate_limited(cluster: Any) -> None:
 async def test_a_failing_node_backs_off_and_creates_go_elsewhere(cluster: Any) -> None:
     """A node whose provider cannot create (its socket root is unusable) fails the create;
     the fleet backs off from it and places the create, and the next, on a healthy node."""
-    from sandgym.fleet import Fleet
-    from sandgym.fleet.fleet import stop_agents
+    from sandgym.sandboxes.providers.ray import Fleet
+    from sandgym.sandboxes.providers.ray.fleet import stop_agents
 
     bad = f"t{os.getpid()}bad"
     good = cluster.names[0]
@@ -219,7 +219,7 @@ async def test_a_failing_node_backs_off_and_creates_go_elsewhere(cluster: Any) -
 
 
 async def test_a_killed_node_ends_its_calls_and_is_pruned_when_it_returns(cluster: Any) -> None:
-    from sandgym.fleet import Fleet
+    from sandgym.sandboxes.providers.ray import Fleet
 
     victim = cluster.names[1]
     async with Fleet(cluster.address, nodes=[victim]) as fleet:

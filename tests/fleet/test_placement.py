@@ -17,7 +17,7 @@ def fsdp2_step(seed: int) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from sandgym.train.tiny import tiny_qwen2
+    from sandgym.models.tiny import tiny_qwen2
 
     dist.init_process_group("gloo")
     try:

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sandgym.sandboxes.base import Command, ExecJob, Sandbox
-from sandgym.sandboxes.errors import SandboxLostError
-from sandgym.sandboxes.result import ExecResult, SandboxInfo
-from sandgym.sandboxes.spec import SandboxSpec
+from ...base import Command, ExecJob, Sandbox
+from ...errors import SandboxLostError
+from ...result import ExecResult, SandboxInfo
+from ...spec import SandboxSpec
 
 if TYPE_CHECKING:
     from .fleet import Fleet, FleetNode

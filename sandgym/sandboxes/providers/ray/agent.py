@@ -1,15 +1,17 @@
 """The node agent: one long-lived Ray actor per sandgym node, pinned there by the node's
 `sandgym_node:<name>` resource (one unit, so one agent per machine). It wraps that machine's
 provider in a SandboxManager -- the node's hard cap, warm pools, execd (docker's in-sandbox
-exec daemon) -- and serves two kinds of client:
+exec daemon) -- and serves:
 
 - fleets (fleet.py) that create sandboxes here and exec in them: calls come straight to
   this actor from the process holding the sandbox;
-- drivers of distributed rollouts (core/distributed.py): the rollout runs here, next to its
-  sandbox, and only the finished record goes back.
+- work that belongs next to the sandboxes (`run`): a function sent by a driver runs here
+  with the node's manager at hand. Distributed rollouts (sandgym.fleet) are such functions:
+  the rollout runs here and only its record goes back. The agent itself knows nothing of
+  environments.
 
 Every client opens a *session* with a lease; a session not renewed within its lease (its
-driver died or was cancelled) is closed here: its rollouts cancelled, its sandboxes
+driver died or was cancelled) is closed here: its running work cancelled, its sandboxes
 destroyed. Containers carry `sandgym.node=<name>` and `sandgym.agent=<incarnation>`; an agent
 starting on a node removes the containers of that node whose agent process is gone -- what a
 node that died left behind is pruned by label when it returns.
@@ -25,20 +27,18 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
-from sandgym.sandboxes.base import Command, ExecJob
-from sandgym.sandboxes.errors import SandboxGoneError, SandboxLostError
-from sandgym.sandboxes.manager import ManagedSandbox, SandboxManager
-from sandgym.sandboxes.ownership import owner_alive
-from sandgym.sandboxes.result import ExecResult, SandboxInfo
-from sandgym.sandboxes.spec import SandboxSpec
-
-from .jobs import ClientSpec, EnvSpec
+from ...base import Command, ExecJob
+from ...errors import SandboxGoneError, SandboxLostError
+from ...manager import ManagedSandbox, SandboxManager
+from ...ownership import owner_alive
+from ...result import ExecResult, SandboxInfo
+from ...spec import SandboxSpec
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,8 @@ class _Session:
     last_seen: float = field(default_factory=time.monotonic)
     sandboxes: dict[str, ManagedSandbox] = field(default_factory=dict)
     labels: dict[str, dict[str, str]] = field(default_factory=dict)  # sandbox id -> client's labels
-    clients: dict[str, Any] = field(default_factory=dict)  # (env, client) key -> model client
-    scopes: set[anyio.CancelScope] = field(default_factory=set)  # running rollouts
+    store: dict[str, Any] = field(default_factory=dict)  # what `run` functions keep per session (closed with it)
+    scopes: set[anyio.CancelScope] = field(default_factory=set)  # its `run` calls in progress
     warm: dict[str, tuple[SandboxSpec, int]] = field(default_factory=dict)  # spec key -> (spec, n) it asked for
 
 
@@ -84,11 +84,11 @@ class NodeAgent:
         self.mgr: SandboxManager | None = None
         self.pruned: list[str] = []
         self.waiting_creates = 0
-        self.rollouts_run = 0
+        self.runs = 0
         self._sessions: dict[str, _Session] = {}
         self._owner: dict[str, str] = {}  # sandbox id -> session id
-        self._envs: dict[str, Any] = {}
-        self._env_lock = asyncio.Lock()
+        self.shared: dict[str, Any] = {}  # what `run` functions keep for every session (closed at shutdown)
+        self.shared_lock = asyncio.Lock()
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._main_task: asyncio.Task[None] | None = None
@@ -132,11 +132,8 @@ class NodeAgent:
                     await self._expire_sessions()
                 for sid in list(self._sessions):
                     await self.close_session(sid)
-                for env in self._envs.values():
-                    try:
-                        await env.close()
-                    except Exception as exc:
-                        log.warning("closing environment %s failed: %r", getattr(env, "name", env), exc)
+                for value in self.shared.values():
+                    await _close(value)
         except BaseException as exc:
             self._start_error = exc
             raise
@@ -180,7 +177,7 @@ class NodeAgent:
             "sessions": len(self._sessions),
             "provider": mgr.provider.name,
             "pruned": list(self.pruned),
-            "rollouts_run": self.rollouts_run,
+            "runs": self.runs,
             "started_at": self.started_at,
         }
 
@@ -207,7 +204,7 @@ class NodeAgent:
         return {"live": mgr.live, "waiting_creates": self.waiting_creates}
 
     async def close_session(self, session_id: str) -> int:
-        """End a session: cancel its rollouts, destroy its sandboxes, close its clients."""
+        """End a session: cancel its work, destroy its sandboxes, close what it stored."""
         sess = self._sessions.pop(session_id, None)
         if sess is None:
             return 0
@@ -221,12 +218,8 @@ class NodeAgent:
                 await mgr.destroy(sb)
             for spec, _ in sess.warm.values():  # pools nobody asks for any more go
                 await mgr.cool(spec, self._pool_wanted(spec))
-            for client in sess.clients.values():
-                if hasattr(client, "aclose"):
-                    try:
-                        await client.aclose()
-                    except Exception as exc:
-                        log.debug("closing a client failed: %r", exc)
+            for value in sess.store.values():
+                await _close(value)
         return n
 
     async def _expire_sessions(self) -> None:
@@ -345,24 +338,7 @@ class NodeAgent:
             return True
         return False
 
-    # ---- rollouts --------------------------------------------------------------------
-
-    async def _env(self, spec: EnvSpec) -> Any:
-        key = spec.key()
-        async with self._env_lock:
-            env = self._envs.get(key)
-            if env is None:
-                env = await anyio.to_thread.run_sync(spec.load)
-                env.bind_sandboxes(self.mgr)  # the node's manager: its cap covers rollouts too
-                self._envs[key] = env
-        return env
-
-    def _client(self, sess: _Session, env_spec: EnvSpec, env: Any, client_spec: ClientSpec) -> Any:
-        key = env_spec.key() + client_spec.key()
-        client = sess.clients.get(key)
-        if client is None:
-            client = sess.clients[key] = client_spec.build(env)
-        return client
+    # ---- warm pools ------------------------------------------------------------------
 
     def _pool_wanted(self, spec: SandboxSpec) -> int:
         """The warm pool a spec gets: the most any open session asked for."""
@@ -374,78 +350,49 @@ class NodeAgent:
         self._session(session_id).warm[spec.key()] = (spec, min(n, self.cap))
         await mgr.warm(spec, self._pool_wanted(spec), wait=False)
 
-    async def prepare(self, session_id: str, env_spec: EnvSpec, warm: int = 0) -> dict[str, Any]:
-        """Load the environment here and keep `warm` sandboxes of each of its specs ready."""
-        await self._started()
-        self._session(session_id)
-        env = await self._env(env_spec)
-        if warm > 0:
-            for spec in {s.key(): s for s in env.sandbox_specs()}.values():
-                await self.warm(session_id, spec, warm)
-        return await self.info()
+    # ---- work next to the sandboxes -------------------------------------------------
 
-    async def _run(self, session_id: str, fn: Any) -> Any:
+    async def run(self, session_id: str, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        """`await fn(ctx, *args)` here, a `RunContext` giving the node's manager and caches;
+        cancelled if the session ends (lease expired, closed) while it runs."""
+        mgr = await self._started()
         sess = self._session(session_id)
+        ctx = RunContext(self, sess, mgr)
+        self.runs += 1
         with anyio.CancelScope() as scope:
             sess.scopes.add(scope)
             try:
-                return await fn()
+                return await fn(ctx, *args)
             finally:
                 sess.scopes.discard(scope)
-        raise SandboxLostError(f"session {session_id} ended on node {self.name} while its rollout ran")
+        raise SandboxLostError(f"session {session_id} ended on node {self.name} while its work ran")
 
-    async def rollout(
-        self,
-        session_id: str,
-        env_spec: EnvSpec,
-        client_spec: ClientSpec,
-        row: Mapping[str, Any],
-        index: int,
-        sampling_args: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """One rollout of `row` here; returns its record (as results.jsonl holds it)."""
-        from sandgym.core.evaluation import record_of
 
-        await self._started()
-        env = await self._env(env_spec)
-        client = self._client(self._session(session_id), env_spec, env, client_spec)
+class RunContext:
+    """What a function run by `NodeAgent.run` sees of the node."""
 
-        async def go() -> dict[str, Any]:
-            state = await env.rollout(client, client_spec.model, row, index, sampling_args)
-            return record_of(state)
+    def __init__(self, agent: NodeAgent, session: _Session, manager: SandboxManager) -> None:
+        self._agent = agent
+        self._session = session
+        self.manager = manager  # the node's: its hard cap covers this work's sandboxes too
+        self.node = agent.name
+        self.shared = agent.shared  # kept for every session; values with close()/aclose() are closed at shutdown
+        self.shared_lock = agent.shared_lock
+        self.store = session.store  # kept for this session; closed with it
 
-        rec = await self._run(session_id, go)
-        self.rollouts_run += 1
-        return rec
+    async def warm(self, spec: SandboxSpec, n: int) -> None:
+        """Keep `n` sandboxes of `spec` ready on this node while the session lasts."""
+        await self._agent.warm(self._session.id, spec, n)
 
-    async def rollout_group(
-        self,
-        session_id: str,
-        env_spec: EnvSpec,
-        client_spec: ClientSpec,
-        row: Mapping[str, Any],
-        indices: Sequence[int],
-        sampling_args: Mapping[str, Any] | None = None,
-    ) -> list[dict[str, Any]]:
-        """The rollouts `indices` of one row here, scored together (group rewards)."""
-        from sandgym.core.evaluation import record_of
 
-        await self._started()
-        env = await self._env(env_spec)
-        client = self._client(self._session(session_id), env_spec, env, client_spec)
-
-        async def go() -> list[dict[str, Any]]:
-            states: list[Any] = []
-
-            async def one(i: int) -> None:
-                states.append(await env.rollout(client, client_spec.model, row, i, sampling_args))
-
-            async with anyio.create_task_group() as tg:
-                for i in indices:
-                    tg.start_soon(one, i)
-            await env.score_group(states)
-            return [record_of(s) for s in sorted(states, key=lambda s: s.rollout_index)]
-
-        recs = await self._run(session_id, go)
-        self.rollouts_run += len(recs)
-        return recs
+async def _close(value: Any) -> None:
+    for name in ("aclose", "close"):
+        fn = getattr(value, name, None)
+        if fn is not None:
+            try:
+                res = fn()
+                if hasattr(res, "__await__"):
+                    await res
+            except Exception as exc:
+                log.warning("closing %r failed: %r", value, exc)
+            return

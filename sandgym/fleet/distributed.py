@@ -1,10 +1,10 @@
-"""Distributed rollouts on a Ray fleet (sandgym.fleet): `sandgym eval ENV --ray ADDRESS`, and
-the trainer's rollout source with a Ray address.
+"""Distributed rollouts on a Ray fleet: `sandgym eval ENV --ray ADDRESS`, and the trainer's
+rollout source with a Ray address (train/ray_source.py).
 
 The driver keeps the run's state -- what is to do, `results.jsonl`, the summary -- and sends
 each rollout (or each group, when the rubric scores groups) to a node agent, where it runs
-next to its sandbox; the finished record comes back and is appended at once, as on one
-machine, so `--resume` works the same way.
+next to its sandbox (rollouts.py, through `NodeAgent.run`); the finished record comes back
+and is appended at once, as on one machine, so `--resume` works the same way.
 
 Fan-in: `concurrency` rollouts are in flight in all, at most `per_node` on one node
 (default: `concurrency` spread evenly over the nodes up at the start); the agents' Ray
@@ -32,13 +32,14 @@ from typing import Any
 
 import anyio
 
-from sandgym.fleet.fleet import AGENT_MAX_CONCURRENCY, Fleet, FleetNode
-from sandgym.fleet.jobs import ClientSpec, EnvSpec
+from sandgym.core.environment import Environment, error_text
+from sandgym.core.evaluation import META, RESULTS, SUMMARY, RecordLog, record_of, summarize
+from sandgym.core.state import State
 from sandgym.sandboxes.errors import SandboxLostError
+from sandgym.sandboxes.providers.ray.fleet import AGENT_MAX_CONCURRENCY, Fleet, FleetNode
 
-from .environment import Environment, error_text
-from .evaluation import META, RESULTS, SUMMARY, RecordLog, record_of, summarize
-from .state import State
+from . import rollouts
+from .jobs import ClientSpec, EnvSpec
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class RolloutDispatcher:
         self.sampling_args = dict(sampling_args or {})
         self.used: Counter[str] = Counter()
         self.retries_waiting = 0  # retries go first: a lost node's rollouts finish soonest
-        self.prepared: dict[str, dict[str, Any]] = {}
+        self.prepared: set[str] = set()
         fleet.on_join.append(self._prepare)
 
     async def start(self) -> None:
@@ -96,7 +97,8 @@ class RolloutDispatcher:
         """Load the environment on the node and warm its pool (a node joining later too)."""
         warm = min(node.limit, self.per_node) if self.warm else 0
         try:
-            self.prepared[node.name] = await self.fleet.call(node, "prepare", self.fleet.session, self.env_spec, warm)
+            await self.fleet.call(node, "run", self.fleet.session, rollouts.prepare, self.env_spec, warm)
+            self.prepared.add(node.name)
         except SandboxLostError:
             pass
         self.fleet.notify()
@@ -148,16 +150,13 @@ class RolloutDispatcher:
                 return self._failed(row, indices, attempts, exc)
             try:
                 if grouped:
-                    recs = await self.fleet.call(
-                        node, "rollout_group", self.fleet.session, self.env_spec, self.client_spec, dict(row), list(indices), self.sampling_args
-                    )
+                    fn, which = rollouts.rollout_group, list(indices)
                 else:
-                    (i,) = indices
-                    recs = [
-                        await self.fleet.call(
-                            node, "rollout", self.fleet.session, self.env_spec, self.client_spec, dict(row), i, self.sampling_args
-                        )
-                    ]
+                    (which,) = indices
+                    fn = rollouts.rollout
+                recs = await self.fleet.call(
+                    node, "run", self.fleet.session, fn, self.env_spec, self.client_spec, dict(row), which, self.sampling_args
+                )
             except SandboxLostError as exc:
                 attempts.append({"node": node.name, "error": error_text(exc), "error_kind": "sandbox", "at": time.time()})
                 log.warning("rollout %s%s lost with node %s; attempt %d", row.get("example_id"), list(indices), node.name, len(attempts))

@@ -35,9 +35,9 @@ from typing import Any
 
 import anyio
 
-from sandgym.sandboxes.errors import SandboxCreateError, SandboxError, SandboxLostError, SpecError
-from sandgym.sandboxes.result import SandboxInfo
-from sandgym.sandboxes.spec import SandboxSpec
+from ...errors import SandboxCreateError, SandboxError, SandboxLostError, SpecError
+from ...result import SandboxInfo
+from ...spec import SandboxSpec
 
 from .cluster import NAMESPACE, NODE_RESOURCE_PREFIX, connect, node_name_of
 from .ratelimit import Backoff, TokenBucket

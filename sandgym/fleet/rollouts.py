@@ -1,0 +1,76 @@
+"""What runs on a node (through `NodeAgent.run`): rollouts next to their sandboxes.
+
+The environment is loaded once per node and bound to the node's SandboxManager, so the
+node's hard cap covers the rollouts' sandboxes too; the policy client is made once per
+driver session. Each function returns records, as results.jsonl holds them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+
+from sandgym.core.evaluation import record_of
+
+from .jobs import ClientSpec, EnvSpec
+
+
+async def node_env(ctx: Any, env_spec: EnvSpec) -> Any:
+    """The node's instance of the environment (loaded on first use, shared by sessions)."""
+    key = "env:" + env_spec.key()
+    async with ctx.shared_lock:
+        env = ctx.shared.get(key)
+        if env is None:
+            env = await anyio.to_thread.run_sync(env_spec.load)
+            env.bind_sandboxes(ctx.manager)
+            ctx.shared[key] = env
+    return env
+
+
+def session_client(ctx: Any, env_spec: EnvSpec, env: Any, client_spec: ClientSpec) -> Any:
+    key = "client:" + env_spec.key() + client_spec.key()
+    client = ctx.store.get(key)
+    if client is None:
+        client = ctx.store[key] = client_spec.build(env)
+    return client
+
+
+async def prepare(ctx: Any, env_spec: EnvSpec, warm: int) -> str:
+    """Load the environment on this node and keep `warm` sandboxes of each of its specs ready."""
+    env = await node_env(ctx, env_spec)
+    if warm > 0:
+        for spec in {s.key(): s for s in env.sandbox_specs()}.values():
+            await ctx.warm(spec, warm)
+    return str(ctx.node)
+
+
+async def rollout(
+    ctx: Any, env_spec: EnvSpec, client_spec: ClientSpec, row: Mapping[str, Any], index: int,
+    sampling_args: Mapping[str, Any] | None,
+) -> list[dict[str, Any]]:
+    """One rollout of `row`; its record."""
+    env = await node_env(ctx, env_spec)
+    client = session_client(ctx, env_spec, env, client_spec)
+    state = await env.rollout(client, client_spec.model, row, index, sampling_args)
+    return [record_of(state)]
+
+
+async def rollout_group(
+    ctx: Any, env_spec: EnvSpec, client_spec: ClientSpec, row: Mapping[str, Any], indices: Sequence[int],
+    sampling_args: Mapping[str, Any] | None,
+) -> list[dict[str, Any]]:
+    """The rollouts `indices` of one row, scored together (group rewards, advantages)."""
+    env = await node_env(ctx, env_spec)
+    client = session_client(ctx, env_spec, env, client_spec)
+    states: list[Any] = []
+
+    async def one(i: int) -> None:
+        states.append(await env.rollout(client, client_spec.model, row, i, sampling_args))
+
+    async with anyio.create_task_group() as tg:
+        for i in indices:
+            tg.start_soon(one, i)
+    await env.score_group(states)
+    return [record_of(s) for s in sorted(states, key=lambda s: s.rollout_index)]
