@@ -57,3 +57,16 @@ def test_ray_up_then_eval_on_it(tmp_path: Path) -> None:
     assert dn.returncode == 0, dn.stderr[-3000:]
     assert not os.path.exists(f"/proc/{pid}")  # the cluster's process is gone, and its nodes with it
     assert not node_containers([f"{prefix}0", f"{prefix}1"])  # the agents destroyed their sandboxes
+
+
+def test_an_address_where_nothing_listens_fails_fast() -> None:
+    """Ray itself retries such an address for minutes; sandgym says so and exits 2."""
+    require_ray()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free once the socket closes: nothing listens there
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "sandgym", "ray", "status", "--ray", f"127.0.0.1:{port}"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert f"no Ray cluster answers at 127.0.0.1:{port}" in p.stderr

@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import time
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
+
+from ....errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -100,14 +104,40 @@ def _ray_messages_to_stderr(ray: ModuleType) -> None:
     worker.print_to_stdstream = to_stderr
 
 
-def connect(address: str | None) -> ModuleType:
+class ClusterUnreachable(UserError, ConnectionError):
+    """No Ray cluster answers at the address given."""
+
+
+def _probe(address: str, timeout_s: float) -> None:
+    """Ray's own connect retries for minutes when nothing listens: fail fast instead."""
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not port.isdigit():
+        raise ClusterUnreachable(f"Ray address {address!r} is not HOST:PORT")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=min(5.0, timeout_s)):
+                return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise ClusterUnreachable(
+                    f"no Ray cluster answers at {address} ({exc.strerror or exc}); start one with `sandgym ray up` "
+                    "or `ray start --head`"
+                ) from None
+            time.sleep(0.5)
+
+
+def connect(address: str | None, *, probe_s: float = 10.0) -> ModuleType:
     """Connect this process to the Ray cluster at `address` (default: $RAY_ADDRESS, else the
     cluster last started on this machine); once, later calls reuse the connection. Never
-    starts a cluster of its own: that one would have no sandgym nodes."""
+    starts a cluster of its own: that one would have no sandgym nodes. An address where
+    nothing listens fails within `probe_s` with ClusterUnreachable."""
     address = address or os.environ.get("RAY_ADDRESS") or "auto"
     ray = import_ray(loopback=is_loopback(address))
     _ray_messages_to_stderr(ray)
     if not ray.is_initialized():
+        if address != "auto" and "://" not in address:
+            _probe(address, probe_s)
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, include_dashboard=False)
     return ray
 
