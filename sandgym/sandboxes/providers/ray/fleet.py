@@ -53,9 +53,6 @@ def agent_name(node: str) -> str:
     return f"sandgym-node:{node}"
 
 
-_AGENT_CLASS: Any = None
-
-
 def agent_runtime_env() -> dict[str, Any]:
     """Agents run the driver's sandgym: from a source checkout (not an installed package),
     that checkout goes first on the agent's PYTHONPATH. Where the path does not exist (another
@@ -66,6 +63,9 @@ def agent_runtime_env() -> dict[str, Any]:
     if root.name in ("site-packages", "dist-packages"):
         return {}
     return {"env_vars": {"PYTHONPATH": f"{root}{os.pathsep}${{PYTHONPATH}}"}}
+
+
+_AGENT_CLASS: Any = None
 
 
 def agent_class() -> Any:
