@@ -1,12 +1,15 @@
 """What runs on a node (through `NodeAgent.run`): rollouts next to their sandboxes.
 
-The environment is loaded once per node and bound to the node's SandboxManager, so the
-node's hard cap covers the rollouts' sandboxes too; the policy client is made once per
-driver session. Each function returns records, as results.jsonl holds them.
+The environment is loaded once per node and held inside its sandbox session on the node's
+SandboxManager for as long as the agent lives (so session-wide things an environment sets
+up there, a verifier sandbox say, exist once per node, and the node's hard cap covers every
+sandbox); the policy client is made once per driver session. Each function returns records,
+as results.jsonl holds them.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,16 +20,55 @@ from sandgym.core.evaluation import record_of
 from .jobs import ClientSpec, EnvSpec
 
 
+class NodeEnv:
+    """An environment on a node, inside `env.sandbox_session(manager=<the node's>)` from
+    `open()` to `aclose()` (the agent closes it when it shuts down)."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self._stop = asyncio.Event()
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
+
+    async def open(self, manager: Any) -> None:
+        async def hold() -> None:
+            # The session is entered and left in this one task, as anyio wants.
+            try:
+                async with self.env.sandbox_session(manager=manager):
+                    self._ready.set()
+                    await self._stop.wait()
+            except BaseException as exc:
+                self._error = exc
+                raise
+            finally:
+                self._ready.set()
+
+        self._task = asyncio.get_running_loop().create_task(hold())
+        await self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    async def aclose(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            try:
+                await self._task
+            except Exception:
+                pass  # reported when it happened
+        await self.env.close()
+
+
 async def node_env(ctx: Any, env_spec: EnvSpec) -> Any:
     """The node's instance of the environment (loaded on first use, shared by sessions)."""
     key = "env:" + env_spec.key()
     async with ctx.shared_lock:
-        env = ctx.shared.get(key)
-        if env is None:
-            env = await anyio.to_thread.run_sync(env_spec.load)
-            env.bind_sandboxes(ctx.manager)
-            ctx.shared[key] = env
-    return env
+        held = ctx.shared.get(key)
+        if held is None:
+            held = NodeEnv(await anyio.to_thread.run_sync(env_spec.load))
+            await held.open(ctx.manager)
+            ctx.shared[key] = held
+    return held.env
 
 
 def session_client(ctx: Any, env_spec: EnvSpec, env: Any, client_spec: ClientSpec) -> Any:

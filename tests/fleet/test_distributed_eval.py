@@ -124,3 +124,47 @@ async def test_resume_on_the_fleet_runs_only_what_is_missing(cluster: Any, tmp_p
     assert second["fleet"]["concurrency"] == 4 and second["fleet"]["per_node_concurrency"] == 2
     recs = records(tmp_path)
     assert len(recs) == 25 and len({r["example_id"] for r in recs}) == 25
+
+
+@pytest.mark.anyio
+async def test_an_environment_with_a_session_verifier_runs_on_the_fleet(cluster: Any, tmp_path: Path) -> None:
+    """math_python opens a verifier sandbox in its sandbox session: on the fleet each node
+    holds the environment inside its session, so the verifier is there for its rollouts."""
+    import docker
+
+    from sandgym.envs import load_environment
+    from sandgym.envs.math_python import MATH_IMAGE
+    from sandgym.fleet.distributed import run_distributed_eval
+    from sandgym.fleet.jobs import ClientSpec, EnvSpec
+
+    client = docker.from_env()
+    try:
+        client.images.get(MATH_IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.skip(f"{MATH_IMAGE} is not built (sandgym images build)")
+    finally:
+        client.close()
+    args = {"generators": "gcd", "eval_size": 3, "train_size": 0}
+    env = load_environment("math_python", **args)
+    n = len(env.rows())
+    node = cluster.names[2]  # one node: one verifier to start
+    s = await run_distributed_eval(env, EnvSpec(name="math_python", args=args), ClientSpec(model="oracle", policy="oracle"),
+                                   address=cluster.address, output_dir=tmp_path, concurrency=3, fleet_options={"nodes": [node]})
+    assert (s["num_rollouts"], s["passed"], s["errors"]) == (n, n, 0), s["error_kinds"]
+    assert s["fleet"]["rollouts_by_node"] == {node: n}
+    assert s["metrics"]["tool_calls"] >= 1  # the oracle used the Python tool on the node
+
+
+def test_a_fan_in_past_what_an_agent_serves_is_refused() -> None:
+    """No silent cap: more rollouts per node than an agent's max_concurrency is an error."""
+    from sandgym.envs import load_environment
+    from sandgym.fleet.distributed import RolloutDispatcher
+    from sandgym.fleet.jobs import ClientSpec, EnvSpec
+    from sandgym.sandboxes.providers.ray.fleet import AGENT_MAX_CONCURRENCY, Fleet
+
+    fleet = Fleet("127.0.0.1:1")  # never started: the check comes first
+    env = load_environment("humaneval", num_examples=1)
+    with pytest.raises(ValueError, match="more than a node agent serves at once"):
+        RolloutDispatcher(fleet, env, EnvSpec(name="humaneval"), ClientSpec(policy="oracle"),
+                          total=AGENT_MAX_CONCURRENCY, per_node=AGENT_MAX_CONCURRENCY)
+    RolloutDispatcher(fleet, env, EnvSpec(name="humaneval"), ClientSpec(policy="oracle"), total=64, per_node=64)
