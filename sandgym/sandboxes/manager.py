@@ -435,7 +435,10 @@ class SandboxManager:
                     raise
                 log.warning("warm pool create failed: %r", exc)
                 return
-            if self._closed:  # made while closing (the task group may be cancelled now)
+            wanted = self._pool_target.get(key)
+            if self._closed or wanted is None or len(self._idle[key]) >= wanted[1]:
+                # Made while closing (the task group may be cancelled now), or for a pool
+                # that was lowered (`cool`) meanwhile.
                 with anyio.CancelScope(shield=True):
                     await self._destroy(sb)
             else:
