@@ -178,6 +178,7 @@ class NodeAgent:
             "provider": mgr.provider.name,
             "pruned": list(self.pruned),
             "runs": self.runs,
+            "manager_stats": dict(mgr.stats),
             "started_at": self.started_at,
         }
 
