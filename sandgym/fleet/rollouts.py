@@ -1,9 +1,10 @@
 """What runs on a node (through `NodeAgent.run`): rollouts next to their sandboxes.
 
 The environment is loaded once per node and held inside its sandbox session on the node's
-SandboxManager for as long as the agent lives (so session-wide things an environment sets
-up there, a verifier sandbox say, exist once per node, and the node's hard cap covers every
-sandbox); the policy client is made once per driver session. Each function returns records,
+SandboxManager while some driver session uses it (so session-wide things an environment sets
+up there, a verifier sandbox say, exist once per node, the node's hard cap covers every
+sandbox, and nothing is held once the drivers are gone); the policy client is made once per
+driver session. Each function returns records,
 as results.jsonl holds them.
 """
 
@@ -22,10 +23,11 @@ from .jobs import ClientSpec, EnvSpec
 
 class NodeEnv:
     """An environment on a node, inside `env.sandbox_session(manager=<the node's>)` from
-    `open()` to `aclose()` (the agent closes it when it shuts down)."""
+    `open()` to `aclose()`, which comes when the last driver session using it ends."""
 
     def __init__(self, env: Any) -> None:
         self.env = env
+        self.users = 0
         self._stop = asyncio.Event()
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -59,6 +61,22 @@ class NodeEnv:
         await self.env.close()
 
 
+class _Use:
+    """A driver session's use of a NodeEnv; the agent closes it with the session."""
+
+    def __init__(self, ctx: Any, key: str, held: NodeEnv) -> None:
+        self.shared, self.lock, self.key, self.held = ctx.shared, ctx.shared_lock, key, held
+
+    async def aclose(self) -> None:
+        async with self.lock:
+            self.held.users -= 1
+            last = self.held.users == 0 and self.shared.get(self.key) is self.held
+            if last:
+                del self.shared[self.key]
+        if last:
+            await self.held.aclose()
+
+
 async def node_env(ctx: Any, env_spec: EnvSpec) -> Any:
     """The node's instance of the environment (loaded on first use, shared by sessions)."""
     key = "env:" + env_spec.key()
@@ -68,6 +86,9 @@ async def node_env(ctx: Any, env_spec: EnvSpec) -> Any:
             held = NodeEnv(await anyio.to_thread.run_sync(env_spec.load))
             await held.open(ctx.manager)
             ctx.shared[key] = held
+        if "use:" + key not in ctx.store:
+            held.users += 1
+            ctx.store["use:" + key] = _Use(ctx, key, held)
     return held.env
 
 

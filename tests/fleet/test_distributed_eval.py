@@ -152,6 +152,14 @@ async def test_an_environment_with_a_session_verifier_runs_on_the_fleet(cluster:
                                    address=cluster.address, output_dir=tmp_path, concurrency=3, fleet_options={"nodes": [node]})
     assert (s["num_rollouts"], s["passed"], s["errors"]) == (n, n, 0), s["error_kinds"]
     assert s["fleet"]["rollouts_by_node"] == {node: n}
+    # The run's session ended: the node let go of the environment and its verifier sandbox.
+    from sandgym.sandboxes.providers.ray import Fleet
+
+    async with Fleet(cluster.address, nodes=[node]) as fleet:
+        (fn,) = fleet.ready_nodes()
+        with anyio.fail_after(60):
+            while (await fleet.call(fn, "info"))["live"]:
+                await anyio.sleep(0.2)
     assert s["metrics"]["tool_calls"] >= 1  # the oracle used the Python tool on the node
 
 
