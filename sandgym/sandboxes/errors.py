@@ -28,6 +28,11 @@ class ImagePullError(SandboxCreateError):
     retryable = False
 
 
+class SandboxLostError(SandboxGoneError):
+    """The machine holding the sandbox was lost (a fleet node died or stopped answering):
+    an infrastructure failure, never the policy's; the work may be retried elsewhere."""
+
+
 class SandboxFileNotFound(SandboxError, FileNotFoundError):
     """A file read inside the sandbox named a path that does not exist."""
 

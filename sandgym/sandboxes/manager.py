@@ -328,6 +328,16 @@ class SandboxManager:
                 return
             await self._destroy(sb)
 
+    async def destroy(self, sb: ManagedSandbox) -> None:
+        """Destroy a handed-out sandbox now: never pooled, not in the background (its slot
+        is free when this returns)."""
+        if sb.id not in self._live:
+            return
+        sb.leased = False
+        sb.failed = True
+        with anyio.CancelScope(shield=True):
+            await self._destroy(sb)
+
     async def _recycle(self, sb: ManagedSandbox) -> None:
         try:
             with anyio.CancelScope(shield=True):
@@ -499,7 +509,10 @@ class SandboxManager:
                     raise
                 log.warning("warm pool create failed: %r", exc)
                 return
-            if self._closed:  # made while closing (the task group may be cancelled now)
+            wanted = self._pool_target.get(key)
+            if self._closed or wanted is None or len(self._idle[key]) >= wanted[1]:
+                # Made while closing (the task group may be cancelled now), or for a pool
+                # that was lowered (`cool`) meanwhile.
                 with anyio.CancelScope(shield=True):
                     await self._destroy(sb)
             else:
@@ -509,6 +522,22 @@ class SandboxManager:
         async with anyio.create_task_group() as tg:
             for _ in range(missing):
                 tg.start_soon(one)
+
+    async def cool(self, spec: SandboxSpec, n: int = 0) -> int:
+        """Lower the warm pool of `spec` to `n` (0: no pool) and destroy the idle sandboxes
+        past it; returns how many were destroyed."""
+        key = spec.key()
+        if n > 0:
+            self._pool_target[key] = (spec, min(n, self.max_sandboxes))
+        else:
+            self._pool_target.pop(key, None)
+        extra = []
+        while len(self._idle[key]) > max(0, n):
+            extra.append(self._idle[key].pop())
+        with anyio.CancelScope(shield=True):
+            for sb in extra:
+                await self._destroy(sb)
+        return len(extra)
 
     def _refill_soon(self, key: str) -> None:
         if self._tg is not None and key in self._pool_target and not self._closed:

@@ -82,6 +82,9 @@ class EnvConfig(_Strict):
     use_env_advantages: bool = False  # else recompute from rewards with [loss] options
     provider: str = "docker"  # sandbox provider for sandgym environments (docker, local, prime)
     max_sandboxes: int = Field(8, gt=0)
+    # Run the rollouts on the sandgym nodes of this Ray cluster (sandgym.train.ray_source);
+    # the inference backend must then be reachable from the nodes.
+    ray_address: str | None = None
     # A rollout whose turn i prompt does not extend turn i-1's tokens (chat template
     # re-rendering): stop the run ("error") or drop that rollout and count it ("skip").
     on_prefix_mismatch: Literal["error", "skip"] = "error"

@@ -1,7 +1,8 @@
 """The trainer's rollout source: what produces a step's groups of rollouts.
 
-Implementations: env_source.EnvRolloutSource (a sandgym environment: `[env] kind = "sandgym"`)
-and toy.ToyTask (`[env] kind = "toy"`). The trainer calls `generate_groups` once per step
+Implementations: env_source.EnvRolloutSource (a sandgym environment: `[env] kind = "sandgym"`),
+ray_source.RayRolloutSource (the same on a Ray fleet: `[env] ray_address`) and toy.ToyTask
+(`[env] kind = "toy"`). The trainer calls `generate_groups` once per step
 with the inference backend's endpoint; the source talks to it like any OpenAI-compatible
 server and returns States carrying token ids, rewards and (optionally) advantages.
 """
