@@ -113,6 +113,7 @@ def register(app: typer.Typer) -> None:
             _module("torch", "trainer (torch)", "pip install torch==2.13.0 'sandgym[train]'"),
             _module("vllm", "vLLM generation", "pip install 'sandgym[vllm]' (GPU machines)"),
             _module("swebench", "SWE-bench specs and log parsers (swebench 4.x)", "pip install 'sandgym[swe]'"),
+            _module("ray", "fleet on Ray (sandgym ray, eval --ray)", "pip install 'sandgym[ray]'"),
         ]
         table = Table(title="sandgym doctor")
         for col in ("check", "status", "detail", "fix"):

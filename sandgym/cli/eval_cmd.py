@@ -66,6 +66,8 @@ def eval_command(
     max_retries: int = typer.Option(3, "--max-retries", help="Retries of a failed model request."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object, last on stdout."),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Log at INFO; show the traceback of an error."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Run the rollouts on the sandgym nodes of this Ray cluster (HOST:PORT; see `sandgym ray up`). -c is then the total in flight (default: 2 per sandbox slot of each node)."),
+    node_retries: int = typer.Option(2, "--node-retries", help="With --ray: how often a rollout lost with its node (or its sandbox) is run again on another node."),
 ) -> None:
     """Evaluate an environment; each rollout is appended to OUTPUT/results.jsonl as it finishes."""
     import logging
@@ -115,6 +117,8 @@ def eval_command(
         prev = json.loads((resume / META).read_text())
         if prev.get("env") not in (None, env.name):
             raise typer.BadParameter(f"{resume} holds a run of {prev['env']!r}, not {env.name!r}")
+    if provider == "ray" and ray is None and not os.environ.get("RAY_ADDRESS"):
+        raise typer.BadParameter("--provider ray needs the cluster: give --ray HOST:PORT")
     conc = concurrency or env.max_concurrent or default_concurrency()
     sampling: dict[str, Any] = {}
     if temperature is not None:
@@ -157,8 +161,29 @@ def eval_command(
         totals["errors"] += 1 if rec.get("error") else 0
         progress.update(task_id, advance=1, reward=totals["reward"] / totals["n"], errors=totals["errors"])
 
+    async def _run_on_ray() -> dict[str, Any]:
+        # The rollouts run on the cluster's node agents (sandgym.fleet.distributed); the
+        # environment and the policy are rebuilt there from their names and arguments.
+        from sandgym.fleet.distributed import run_distributed_eval
+        from sandgym.fleet.jobs import ClientSpec, EnvSpec
+
+        client_spec = (
+            ClientSpec(model=model_name, policy=policy)
+            if policy
+            else ClientSpec(model=model_name, base_url=base_url, api_key=api_key or "EMPTY", timeout_s=timeout_s, max_retries=max_retries)
+        )
+        return await run_distributed_eval(
+            env, EnvSpec(name=env_name, args=env_kwargs), client_spec, address=ray, output_dir=run_dir,
+            num_examples=num_examples, rollouts_per_example=rollouts, concurrency=concurrency, node_retries=node_retries,
+            sampling_args=sampling, fleet_options={"agent_provider": "docker" if provider == "ray" else provider},
+            meta={"policy": policy, "base_url": base_url, "provider": provider, "env_args": env_kwargs, "argv": sys.argv[1:]},
+            on_start=on_start, on_record=on_record,
+        )
+
     async def main() -> dict[str, Any]:
         try:
+            if ray is not None:
+                return await _run_on_ray()
             return await run_eval(
                 env,
                 client,
@@ -192,7 +217,7 @@ def eval_command(
     summary["command_wall_s"] = time.perf_counter() - t0
     summary["policy"] = policy
     summary["provider"] = provider
-    summary["concurrency"] = conc
+    summary["concurrency"] = summary["fleet"]["concurrency"] if "fleet" in summary else conc
     _print_table(out_console, summary)
     if as_json:
         sys.stdout.write(json.dumps(summary, default=str) + "\n")
@@ -227,6 +252,13 @@ def _print_table(console: Any, s: dict[str, Any]) -> None:
     )
     for m, v in s["metrics"].items():
         t.add_row(f"metric {m}", _fmt(v))
+    if "fleet" in s:
+        f = s["fleet"]
+        lost = [e["node"] for e in f["events"] if e["event"] == "lost"]
+        t.add_row("fleet", f"{len(f['nodes'])} nodes, {f['per_node_concurrency']} per node; rollouts by node "
+                  + ", ".join(f"{k} {v}" for k, v in f["rollouts_by_node"].items()))
+        t.add_row("node failures", f"lost {', '.join(lost) or 'none'}; {f['retried_rollouts']} rollouts retried ({f['retries']} retries)"
+                  + (f"; pruned {f['pruned']}" if f["pruned"] else ""))
     t.add_row("wall time", f"{s['wall_s']:.2f}s ({_fmt(s['rollouts_per_s'])} rollouts/s)")
     t.add_row("output", os.path.join(s["output_dir"], "results.jsonl"))
     console.print(t)

@@ -135,31 +135,42 @@ def register(app: typer.Typer) -> None:
     def ls_cmd(
         provider: ProviderOpt = "docker",
         as_json: Annotated[bool, typer.Option("--json", help="Print as a JSON list.")] = False,
+        reap: Annotated[bool, typer.Option(help="Then remove this host's sandboxes whose owner process is gone.")] = True,
     ) -> None:
-        """List sandboxes made by sandgym (any run) on a provider."""
+        """List sandboxes made by sandgym (any run) on a provider, as they were; then, like
+        every sandgym command that uses sandboxes, remove this host's sandboxes whose owner
+        process is gone (listed with `reaped`)."""
         import anyio
 
-        from sandgym.sandboxes import get_provider
+        from sandgym.sandboxes import get_provider, prune
         from sandgym.sandboxes.ownership import owner_alive
 
-        async def go() -> list:
+        async def go() -> tuple[list, set[str]]:
             p = get_provider(provider)
             try:
-                return await p.list()
+                infos = await p.list()
+                report = await prune(p) if reap else None
             finally:
                 await p.aclose()
+            if report is not None:
+                for sid, why in report.failed.items():
+                    err.print(f"[red]could not remove[/] {sid[:12]} (owner gone): {why}")
+            return infos, set(report.removed) if report else set()
 
-        infos = anyio.run(go)
+        infos, reaped = anyio.run(go)
         if as_json:
-            print(json.dumps([i.model_dump() | {"owner_alive": owner_alive(i.labels)} for i in infos]))
+            print(json.dumps([i.model_dump() | {"owner_alive": owner_alive(i.labels), "reaped": i.id in reaped}
+                              for i in infos]))
             return
         table = Table(title=f"{provider} sandboxes")
         for col in ("id", "image", "status", "owner", "pid", "owner alive"):
             table.add_column(col)
         for i in infos:
-            table.add_row(i.id[:12], i.image, i.status, i.owner or "", str(i.pid or ""),
-                          "yes" if owner_alive(i.labels) else "[red]no[/]")
+            alive = "yes" if owner_alive(i.labels) else "[red]no[/]" + (" (reaped)" if i.id in reaped else "")
+            table.add_row(i.id[:12], i.image, i.status, i.owner or "", str(i.pid or ""), alive)
         Console().print(table)
+        if reaped:
+            err.print(f"removed {len(reaped)} sandboxes whose owner process is gone")
 
     @sandbox.command("rm")
     def rm_cmd(ids: Annotated[list[str], typer.Argument(help="Sandbox ids.")], provider: ProviderOpt = "docker") -> None:
@@ -187,7 +198,9 @@ def register(app: typer.Typer) -> None:
         everything: Annotated[bool, typer.Option("--all", help="Remove every sandgym sandbox, live owners too.")] = False,
         as_json: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
-        """Remove sandboxes whose owning process is dead (crash leftovers)."""
+        """Remove this host's sandboxes whose owning process is dead (crash leftovers; any
+        sandgym command that uses sandboxes does this too). Platform sandboxes (`sandgym
+        serve`'s) are kept unless --all."""
         import anyio
 
         from sandgym.sandboxes import get_provider, prune

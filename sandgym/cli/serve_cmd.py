@@ -45,6 +45,7 @@ def register(app: typer.Typer) -> None:
         max_sandboxes: Annotated[int, typer.Option("--max-sandboxes", help="Live sandboxes on this host, all tenants.")] = 8,
         quota: Annotated[Optional[int], typer.Option(help="Live sandboxes per token (429 past it); default --max-sandboxes with one token, half of it with more. `quota=N` in the tokens file sets one token's.")] = None,
         provider: Annotated[str, typer.Option("--provider", "-p", help="docker or local.")] = "docker",
+        ray: Annotated[Optional[str], typer.Option("--ray", help="Front the sandgym nodes of this Ray cluster (HOST:PORT) instead: one endpoint for a fleet; --max-sandboxes is then cluster-wide.")] = None,
         max_ttl: Annotated[float, typer.Option("--max-ttl", help="Longest sandbox lifetime, seconds (timeout_minutes=-1 gets this).")] = 24 * 3600.0,
         idle_timeout: Annotated[float, typer.Option("--idle-timeout", help="Reap sandboxes idle this long, seconds (0: never).")] = 3600.0,
         public_url: Annotated[Optional[str], typer.Option("--public-url", help="Base URL clients reach this server at (behind a proxy).")] = None,
@@ -116,6 +117,13 @@ def register(app: typer.Typer) -> None:
         if provider_options and provider != "docker":
             err.print(f"[red]--image-alias and --egress-host-port need --provider docker, not {provider}[/]")
             raise typer.Exit(2)
+        if ray is not None:
+            if provider_options:
+                err.print("[red]--image-alias and --egress-host-port configure one engine; with --ray set them on each node[/]")
+                raise typer.Exit(2)
+            # Each node's agent keeps its own hard cap; this server caps the whole fleet.
+            provider_options = {"address": ray, "max_sandboxes": max_sandboxes, "agent_provider": provider}
+            provider = "ray"
         config = ServerConfig(
             tokens=tokens,
             provider=provider,

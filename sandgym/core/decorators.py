@@ -12,6 +12,7 @@ environment teardown (the verifiers names: `stop`, `cleanup`, `teardown`).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -41,12 +42,28 @@ def teardown(func: F) -> F:
 
 
 def marked(obj: object, mark: str) -> list[Callable[..., Any]]:
-    """Bound methods of `obj` carrying `mark`, in definition order (base classes first)."""
-    seen: dict[str, Callable[..., Any]] = {}
-    for klass in reversed(type(obj).__mro__):
-        for name, attr in vars(klass).items():
+    """Bound methods of `obj` carrying `mark`, in definition order (base classes first).
+    The names are worked out once per class (a class is not changed after its first
+    rollout): this runs twice per rollout, and walking the MRO showed in profiles."""
+    klass = type(obj)
+    per_class = _MARKED.get(klass)
+    if per_class is None:
+        per_class = _MARKED.setdefault(klass, {})
+    names = per_class.get(mark)
+    if names is None:
+        names = per_class[mark] = _marked_names(klass, mark)
+    return [getattr(obj, name) for name in names]
+
+
+def _marked_names(klass: type, mark: str) -> tuple[str, ...]:
+    seen: dict[str, None] = {}
+    for k in reversed(klass.__mro__):
+        for name, attr in vars(k).items():
             if callable(attr) and getattr(attr, mark, False):
-                seen[name] = attr
+                seen[name] = None
             elif name in seen and not getattr(attr, mark, False):
                 seen.pop(name)  # overridden without the mark: no longer one
-    return [getattr(obj, name) for name in seen]
+    return tuple(seen)
+
+
+_MARKED: weakref.WeakKeyDictionary[type, dict[str, tuple[str, ...]]] = weakref.WeakKeyDictionary()

@@ -13,6 +13,7 @@ from .errors import (
     SandboxError,
     SandboxFileNotFound,
     SandboxGoneError,
+    SandboxLostError,
     SpecError,
 )
 from .hooks import Hooks
@@ -26,6 +27,6 @@ from .spec import DEFAULT_IMAGE, EgressPolicy, SandboxSpec
 __all__ = [
     "DEFAULT_IMAGE", "ERROR_TYPES", "PROVIDERS", "EgressLogEntry", "EgressPolicy", "ExecResult", "HookError",
     "Hooks", "ImagePullError", "LiveProcess", "ManagedSandbox", "Provider",
-    "Sandbox", "SandboxCreateError", "SandboxError", "SandboxFileNotFound", "SandboxGoneError",
+    "Sandbox", "SandboxCreateError", "SandboxError", "SandboxFileNotFound", "SandboxGoneError", "SandboxLostError",
     "SandboxInfo", "SandboxManager", "SandboxSpec", "SpecError", "get_provider", "prune",
 ]

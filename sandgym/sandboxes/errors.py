@@ -21,11 +21,9 @@ class SandboxGoneError(SandboxError):
         self.reason = reason
 
 
-class ImagePullError(SandboxCreateError):
-    """The image could not be pulled from its registry (the engine's message included).
-    Not retried: pulling again will not help until someone fixes the name or the registry."""
-
-    retryable = False
+class SandboxLostError(SandboxGoneError):
+    """The machine holding the sandbox was lost (a fleet node died or stopped answering):
+    an infrastructure failure, never the policy's; the work may be retried elsewhere."""
 
 
 class SandboxFileNotFound(SandboxError, FileNotFoundError):
@@ -34,6 +32,16 @@ class SandboxFileNotFound(SandboxError, FileNotFoundError):
 
 class SpecError(ValueError):
     """A SandboxSpec is invalid for the chosen provider (names the field and range)."""
+
+
+class ImagePullError(SandboxCreateError, SpecError):
+    """The image could not be pulled from its registry (the engine's message included; the
+    message starts with "image:", the spec field at fault). Not retried: pulling again will
+    not help until someone fixes the name, the credentials or the registry. Prime reports
+    it as error type IMAGE_PULL_FAILED (`error_type`)."""
+
+    retryable = False
+    error_type = "IMAGE_PULL_FAILED"
 
 
 class HookError(SandboxError):

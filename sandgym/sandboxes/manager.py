@@ -1,4 +1,5 @@
-"""SandboxManager: a hard cap on live sandboxes, warm pools, hooks, retries, TTL reaping.
+"""SandboxManager: a hard cap on live sandboxes, warm pools, hooks, retries, TTL reaping,
+and reaping of this host's sandboxes whose owner process is gone.
 
     async with SandboxManager("docker", max_sandboxes=8) as mgr:
         async with mgr.sandbox(SandboxSpec()) as sb:
@@ -11,7 +12,9 @@ Invariants:
   orphan a half-made sandbox; a sandbox made for a caller that was cancelled meanwhile is
   destroyed at once.
 - Leaving `async with mgr` (or `await mgr.close()`) destroys every sandbox it made. Sandboxes
-  of a manager whose process died carry its labels; `prune()` removes them later.
+  of a manager whose process died carry its labels; they stop themselves (their lifeline,
+  ownership.py), and inside `async with` every manager removes those of its provider in the
+  background (at start, then every `orphan_reap_interval_s`), never blocking start-up.
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ from .base import Command, ExecJob, Provider, Sandbox
 from .errors import HookError, SandboxCreateError, SpecError
 from .hooks import Hook, Hooks
 from .live import LiveProcess
-from .ownership import PruneReport, new_run_id, owner_labels, prune
+from .ownership import OWNER_PROCESS, PruneReport, new_run_id, owner_labels, prune
 from .registry import get_provider
 from .result import EgressLogEntry, ExecResult, SandboxInfo
 from .spec import EgressPolicy, SandboxSpec
 
 log = logging.getLogger(__name__)
+
+ORPHAN_PASS_WAIT_S = 10.0  # how long close() lets an orphan-reaping pass under way finish
 
 
 class ManagedSandbox(Sandbox):
@@ -146,10 +151,21 @@ class SandboxManager:
         run_id: str | None = None,
         provider_options: Mapping[str, Any] | None = None,
         background_recycle: bool = False,
+        owner_kind: str = OWNER_PROCESS,
+        orphan_grace_s: float | None = None,
+        reap_orphans: bool = True,
+        orphan_reap_interval_s: float = 60.0,
     ) -> None:
         """`background_recycle`: a released sandbox that is not pooled is destroyed in the
         background (inside `async with`), so `release` returns at once; its slot is freed
-        once it is gone. Off by default: then `release` returns after the destroy."""
+        once it is gone. Off by default: then `release` returns after the destroy.
+
+        Ownership (ownership.py has the contract): `owner_kind="process"` (default) ties
+        every sandbox to this process; one stops by itself `orphan_grace_s` (default
+        $SANDGYM_ORPHAN_GRACE_S or 0) after this process is gone. `owner_kind="platform"`:
+        sandboxes meant to outlive this process (the platform server); no lifeline, never
+        reaped. `reap_orphans`: inside `async with`, remove this host's sandboxes (of this
+        provider) whose owner process is gone, in the background."""
         if max_sandboxes < 1:
             raise ValueError(f"max_sandboxes must be >= 1, got {max_sandboxes}")
         self.provider: Provider = (
@@ -162,7 +178,13 @@ class SandboxManager:
         self.reap_interval_s = reap_interval_s
         self.background_recycle = background_recycle
         self.run_id = run_id or new_run_id()
-        self.labels = owner_labels(self.run_id)
+        self.labels = owner_labels(self.run_id, owner_kind=owner_kind, orphan_grace_s=orphan_grace_s)
+        self.reap_orphans = reap_orphans
+        self.orphan_reap_interval_s = orphan_reap_interval_s
+        self.last_orphan_reap: PruneReport | None = None
+        self._orphan_scope: anyio.CancelScope | None = None
+        self._orphan_done = anyio.Event()
+        self._orphan_pass = False  # a reaping pass is under way
         self._slots = anyio.Semaphore(max_sandboxes)
         self._live: dict[str, ManagedSandbox] = {}
         self._idle: dict[str, deque[ManagedSandbox]] = defaultdict(deque)  # spec key -> warm
@@ -179,6 +201,8 @@ class SandboxManager:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self._reaper)
+        if self.reap_orphans:
+            self._tg.start_soon(self._orphan_reaper)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -200,6 +224,13 @@ class SandboxManager:
                     tg.start_soon(self._destroy, sb)
             while self._recycling:  # background destroys still talking to the provider
                 await anyio.sleep(0.01)
+            if self._orphan_scope is not None:  # stop reaping before the provider closes
+                # A short-lived process (`sandbox run`) still finishes its one pass.
+                with anyio.move_on_after(ORPHAN_PASS_WAIT_S):
+                    while self._orphan_pass:
+                        await anyio.sleep(0.02)
+                self._orphan_scope.cancel()
+                await self._orphan_done.wait()
             await self.provider.aclose()
 
     @property
@@ -295,6 +326,16 @@ class SandboxManager:
                 self._recycling.add(sb.id)
                 self._tg.start_soon(self._recycle, sb)
                 return
+            await self._destroy(sb)
+
+    async def destroy(self, sb: ManagedSandbox) -> None:
+        """Destroy a handed-out sandbox now: never pooled, not in the background (its slot
+        is free when this returns)."""
+        if sb.id not in self._live:
+            return
+        sb.leased = False
+        sb.failed = True
+        with anyio.CancelScope(shield=True):
             await self._destroy(sb)
 
     async def _recycle(self, sb: ManagedSandbox) -> None:
@@ -468,7 +509,10 @@ class SandboxManager:
                     raise
                 log.warning("warm pool create failed: %r", exc)
                 return
-            if self._closed:  # made while closing (the task group may be cancelled now)
+            wanted = self._pool_target.get(key)
+            if self._closed or wanted is None or len(self._idle[key]) >= wanted[1]:
+                # Made while closing (the task group may be cancelled now), or for a pool
+                # that was lowered (`cool`) meanwhile.
                 with anyio.CancelScope(shield=True):
                     await self._destroy(sb)
             else:
@@ -478,6 +522,22 @@ class SandboxManager:
         async with anyio.create_task_group() as tg:
             for _ in range(missing):
                 tg.start_soon(one)
+
+    async def cool(self, spec: SandboxSpec, n: int = 0) -> int:
+        """Lower the warm pool of `spec` to `n` (0: no pool) and destroy the idle sandboxes
+        past it; returns how many were destroyed."""
+        key = spec.key()
+        if n > 0:
+            self._pool_target[key] = (spec, min(n, self.max_sandboxes))
+        else:
+            self._pool_target.pop(key, None)
+        extra = []
+        while len(self._idle[key]) > max(0, n):
+            extra.append(self._idle[key].pop())
+        with anyio.CancelScope(shield=True):
+            for sb in extra:
+                await self._destroy(sb)
+        return len(extra)
 
     def _refill_soon(self, key: str) -> None:
         if self._tg is not None and key in self._pool_target and not self._closed:
@@ -506,6 +566,28 @@ class SandboxManager:
                 await self.reap()
             except Exception as exc:  # the reaper must outlive a bad tick
                 log.warning("reaper tick failed: %r", exc)
+
+    async def _orphan_reaper(self) -> None:
+        try:
+            with anyio.CancelScope() as scope:
+                self._orphan_scope = scope
+                while not self._closed:
+                    try:
+                        self._orphan_pass = True
+                        try:
+                            report = await prune(self.provider)
+                        finally:
+                            self._orphan_pass = False
+                        self.last_orphan_reap = report
+                        if report.removed:
+                            log.info("removed %d sandboxes whose owner process is gone", len(report.removed))
+                        for sid, why in report.failed.items():
+                            log.warning("could not remove orphaned sandbox %s: %s", sid, why)
+                    except Exception as exc:  # an engine hiccup must not end the run
+                        log.warning("orphan reaping failed: %r", exc)
+                    await anyio.sleep(self.orphan_reap_interval_s)
+        finally:
+            self._orphan_done.set()
 
     async def prune(self, *, everything: bool = False) -> PruneReport:
         """Remove this provider's sandboxes whose owner process is dead."""

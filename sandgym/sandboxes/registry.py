@@ -1,4 +1,4 @@
-"""Providers by name: `docker` (default), `local`, `prime`."""
+"""Providers by name: `docker` (default), `local`, `prime`, `ray` (a fleet of machines on Ray)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from .base import Provider
 
-PROVIDERS = ("docker", "local", "prime")
+PROVIDERS = ("docker", "local", "prime", "ray")
 
 
 def get_provider(name: str = "docker", **kwargs: Any) -> Provider:
@@ -22,4 +22,8 @@ def get_provider(name: str = "docker", **kwargs: Any) -> Provider:
         from .providers.prime import PrimeProvider
 
         return PrimeProvider(**kwargs)
+    if name == "ray":
+        from .providers.ray import RayProvider
+
+        return RayProvider(**kwargs)
     raise ValueError(f"unknown provider {name!r}; choose one of {', '.join(PROVIDERS)}")

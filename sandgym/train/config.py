@@ -94,6 +94,9 @@ class EnvConfig(_Strict):
     use_env_advantages: bool = False  # else recompute from rewards with [loss] options
     provider: str = "docker"  # sandbox provider for sandgym environments (docker, local, prime)
     max_sandboxes: int = Field(8, gt=0)
+    # Run the rollouts on the sandgym nodes of this Ray cluster (sandgym.train.ray_source);
+    # the inference backend must then be reachable from the nodes.
+    ray_address: str | None = None
     # Sandboxes made ready when a step's rollouts start; with an environment that reuses
     # sandboxes (reset between rollouts, where the provider can) they are handed from rollout
     # to rollout instead of made anew each time.

@@ -1,11 +1,12 @@
 """The trainer's rollout source: what produces a step's groups of rollouts.
 
-Implementations: env_source.EnvRolloutSource (a sandgym environment: `[env] kind = "sandgym"`)
-and toy.ToyTask (`[env] kind = "toy"`). The trainer's rollout pipeline
-(pipeline.py) calls `generate_groups` for one group at a time, many concurrently, inside the
-`session()` that spans the run, with the inference backend's endpoint; the source talks to it
-like any OpenAI-compatible server and returns States carrying token ids (with the policy
-version of each response), rewards and (optionally) advantages.
+Implementations: env_source.EnvRolloutSource (a sandgym environment: `[env] kind = "sandgym"`),
+ray_source.RayRolloutSource (the same on a Ray fleet: `[env] ray_address`) and toy.ToyTask
+(`[env] kind = "toy"`). The trainer's rollout pipeline (pipeline.py) calls `generate_groups`
+for one group at a time, many concurrently, inside the `session()` that spans the run, with
+the inference backend's endpoint; the source talks to it like any OpenAI-compatible server
+and returns States carrying token ids (with the policy version of each response), rewards and
+(optionally) advantages.
 """
 
 from __future__ import annotations

@@ -110,6 +110,10 @@ def make_rollout_source(cfg: TrainConfig) -> RolloutSource:
         from sandgym.train.toy import ToyTask
 
         return ToyTask(cfg.env.toy, seed=cfg.optim.seed)
+    if cfg.env.ray_address:
+        from sandgym.train.ray_source import RayRolloutSource
+
+        return RayRolloutSource(cfg.env.name, cfg.env.args, cfg.env.ray_address)
     from sandgym.train.env_source import EnvRolloutSource
 
     return EnvRolloutSource(

@@ -99,18 +99,23 @@ class HostnameProbe:
         if not any(m.get("role") == "tool" for m in messages):
             call = tool_call("open('/etc/hostname').read", {}, "call_probe")
             return ModelResponse(message={"role": "assistant", "content": None, "tool_calls": [call]}, finish_reason="tool_calls")
+        # The sandbox is still up: ask the engine what that container is called.
+        import docker
+
+        self.container_name = docker.from_env().containers.get(state.sandbox_id).name
         return ModelResponse(message={"role": "assistant", "content": "done"}, finish_reason="stop")
 
 
 async def test_model_calls_are_evaluated_inside_the_rollout_sandbox(tmp_path: Path) -> None:
     require_bfcl_image()
     env = envs.load_environment("bfcl_v4_multi_turn", ids=["multi_turn_base_0"])
-    s = await run_eval(env, HostnameProbe(), "probe", output_dir=tmp_path, concurrency=1)
+    probe = HostnameProbe()
+    s = await run_eval(env, probe, "probe", output_dir=tmp_path, concurrency=1)
     assert s["errors"] == 0 and s["reward_mean"] == 0.0
     rec = json.loads((tmp_path / "results.jsonl").read_text().splitlines()[0])
     answer = rec["turns"][0]["env_response"][0]["content"].strip()
-    # Docker names a container's host after its id: the call ran in the rollout's sandbox.
-    assert answer and rec["sandbox_id"].startswith(answer) and answer != os.uname().nodename
+    # A sandbox's hostname is its container's name: the call ran in the rollout's sandbox.
+    assert answer and answer == probe.container_name and answer != os.uname().nodename
 
 
 async def test_sandgym_and_bfcl_evaluate_agree_per_category(tmp_path: Path) -> None:

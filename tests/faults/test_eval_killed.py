@@ -1,6 +1,8 @@
-"""`sandgym eval` SIGKILLed mid-run: its sandboxes outlive it (like any crashed driver's),
-`sandgym sandbox prune` removes exactly those (their owner pid is dead), and `--resume`
-completes the run with exactly one record per rollout."""
+"""`sandgym eval` SIGKILLed mid-run, its sandboxes told to outlive it for a while
+(SANDGYM_ORPHAN_GRACE_S, so their lifeline does not end them first): `sandgym sandbox
+prune` removes exactly those (their owner pid is dead), and `--resume` completes the run
+with exactly one record per rollout. (tests/faults/test_orphans.py: the same crash cleaned
+up with no prune at all.)"""
 
 from __future__ import annotations
 
@@ -35,7 +37,9 @@ def test_eval_sigkilled_then_pruned_and_resumed(tmp_path: Path) -> None:
     require_docker()
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "sandgym", "eval", "humaneval", "--policy", "oracle", "-n", str(N), "-r", str(R), "-c", "2", "--provider", "docker"]
-    proc = subprocess.Popen([*cmd, "-o", str(run)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    env = {**os.environ, "SANDGYM_ORPHAN_GRACE_S": "600"}
+    proc = subprocess.Popen([*cmd, "-o", str(run)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, env=env)  # fmt: skip
     results = run / "results.jsonl"
     try:
         deadline = time.monotonic() + 120

@@ -200,7 +200,10 @@ async def test_container_is_hardened(provider: DockerProvider, any_sb: DockerSan
     assert "HOME=/tmp" in cfg["Config"]["Env"]
     if isinstance(sb.transport, DockerExecdTransport):
         assert cfg["Config"]["Entrypoint"] == ["python3"]
-        assert cfg["Config"]["Cmd"][-2:] == ["--ttl", "900.0"]
+        # TTL, then the owner's lifeline: execd ends once this process is gone.
+        assert cfg["Config"]["Cmd"][-6:] == [
+            "--ttl", "900.0", "--owner-fifo", "/run/sandgym/lifeline", "--owner-grace", "0.0",
+        ]  # fmt: skip
         assert cfg["Config"]["Labels"]["sandgym.transport"] == "execd"
         # execd's code is mounted read-only; only the socket directory is writable.
         mounts = {m["Destination"]: m for m in cfg["Mounts"]}
@@ -208,9 +211,16 @@ async def test_container_is_hardened(provider: DockerProvider, any_sb: DockerSan
         assert mounts["/run/sandgym"]["RW"] is True
         assert set(mounts) == {"/opt/sandgym-execd", "/run/sandgym"} | (writable if loop else set())
     else:
-        assert cfg["Config"]["Entrypoint"] == ["sleep"] and cfg["Config"]["Cmd"] == ["900"]
+        # A sh that ends at the TTL or once the owner's lifeline FIFO has no writer left.
+        assert cfg["Config"]["Entrypoint"] == ["/bin/sh"]
+        assert cfg["Config"]["Cmd"][-4:] == ["sandgym-main", "/run/sandgym/lifeline", "0", "900"]
         assert cfg["Config"]["Labels"]["sandgym.transport"] == "docker-exec"
-        assert {m["Destination"] for m in cfg["Mounts"]} == (writable if loop else set())
+        # Only the folder holding the lifeline is mounted read-only (and the loop disk's mounts).
+        got = {m["Destination"]: m["RW"] for m in cfg["Mounts"]}
+        assert got.pop("/run/sandgym") is False
+        assert set(got) == (writable if loop else set())
+    labels = cfg["Config"]["Labels"]
+    assert labels["sandgym.pid"] == str(os.getpid()) and labels["sandgym.owner_kind"] == "process"
 
 
 async def test_runs_as_non_root_without_capabilities(any_sb: DockerSandbox) -> None:
@@ -591,14 +601,17 @@ async def test_image_without_python_falls_back_to_docker_exec(
     assert provider.wants_execd(box.spec) is False  # remembered for the image
     r = await box.exec("echo fallback; command -v python3 || echo none")
     assert r.stdout == "fallback\nnone\n", r.stderr
+    before = set(os.listdir(provider.sockets.root))
     again = await _new(provider, fresh, image=nopython_image)
     assert isinstance(again.transport, DockerExecTransport)
-    # No socket directory is left behind for either try.
-    names = {Path(d).name for d in os.listdir(provider.sockets.root)}
+    # Each has a socket directory holding only the owner's lifeline (no execd socket), and
+    # the second went straight to docker exec: one new directory, not two.
+    assert len(set(os.listdir(provider.sockets.root)) - before) == 1
     for b in (box, again):
         cfg = provider.api.inspect_container(b.id)
-        assert "sandgym.socket_dir" not in cfg["Config"]["Labels"]
-        assert cfg["Name"].lstrip("/") not in names
+        sock_dir = Path(cfg["Config"]["Labels"]["sandgym.socket_dir"])
+        assert sock_dir.name == cfg["Name"].lstrip("/")
+        assert os.listdir(sock_dir) == ["lifeline"]
 
 
 async def test_spec_home_wins(provider: DockerProvider, fresh: list[DockerSandbox]) -> None:

@@ -221,7 +221,8 @@ async def test_sigkilled_driver_leaves_sandboxes_that_prune_removes(provider_nam
         import anyio, sys
         from sandgym.sandboxes import SandboxManager, SandboxSpec
         async def main():
-            mgr = SandboxManager({provider_name!r}, run_id={run_id!r})
+            # A long grace: the sandboxes outlive their owner until prune (not their lifeline).
+            mgr = SandboxManager({provider_name!r}, run_id={run_id!r}, orphan_grace_s=600)
             async with mgr:
                 a = await mgr.acquire(SandboxSpec(memory_mb=128, disk_mb=16))
                 b = await mgr.acquire(SandboxSpec(memory_mb=128, disk_mb=16))

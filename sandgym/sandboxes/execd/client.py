@@ -17,6 +17,10 @@ docker provider's wiring):
   Under an init (docker's `init=True`) zombies are reaped and SIGTERM forwarded; without
   one execd, as PID 1, reaps them itself. The container's env and working directory
   become every command's defaults.
+- Owner lifeline (optional): a FIFO in the socket directory that only the owning process
+  holds open for writing (`ownership.Lifeline.fifo`); `execd_command(ttl_s,
+  owner_fifo=f"{CONTAINER_SOCKET_DIR}/{LIFELINE_NAME}", owner_grace_s=g)` makes execd end
+  itself `g` seconds after that process is gone.
 - Readiness: `await ExecdClient(host_dir / "execd.sock").wait_ready(timeout)`; the socket
   appears only once execd accepts (it is bound under a temporary name and renamed).
 - Use: `ExecdTransport(sock)` (transport.py) has the shape of a container provider's
@@ -55,6 +59,7 @@ SERVER_PATH = EXECD_DIR / "server.py"
 CONTAINER_EXECD_DIR = "/opt/sandgym-execd"
 CONTAINER_SOCKET_DIR = "/run/sandgym"
 SOCKET_NAME = "execd.sock"
+LIFELINE_NAME = "lifeline"  # the owner's FIFO, next to the socket
 DEFAULT_OUTPUT_LIMIT = 1 << 20
 
 _LEN = struct.Struct(">I")
@@ -76,10 +81,16 @@ EGRESS_SOCKET_NAME = "egress.sock"
 
 
 def execd_command(
-    ttl_s: float | None = None, socket_path: str | None = None, *, egress: bool = False
+    ttl_s: float | None = None,
+    socket_path: str | None = None,
+    *,
+    egress: bool = False,
+    owner_fifo: str | None = None,
+    owner_grace_s: float = 0.0,
 ) -> list[str]:
     """The container command that runs execd from its read-only mount; with `egress`, execd
-    also relays 127.0.0.1:EGRESS_PORT to the egress socket next to its own."""
+    also relays 127.0.0.1:EGRESS_PORT to the egress socket next to its own; with `owner_fifo`
+    it also ends `owner_grace_s` after the FIFO's last writer (the owner) is gone."""
     cmd = [
         "python3",
         "-I",
@@ -91,6 +102,8 @@ def execd_command(
         cmd += ["--ttl", str(float(ttl_s))]
     if egress:
         cmd += ["--egress-port", str(EGRESS_PORT), "--egress-socket", f"{CONTAINER_SOCKET_DIR}/{EGRESS_SOCKET_NAME}"]
+    if owner_fifo:
+        cmd += ["--owner-fifo", owner_fifo, "--owner-grace", str(float(owner_grace_s))]
     return cmd
 
 

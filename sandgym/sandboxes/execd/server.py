@@ -4,6 +4,7 @@
 Standard library only, Python >= 3.9, so any image with python3 can run it unchanged:
 
     python3 -I server.py --socket /run/sandgym/execd.sock [--ttl SECONDS]
+                         [--owner-fifo /run/sandgym/lifeline --owner-grace SECONDS]
 
 Wire format (both directions): a frame is a 4-byte big-endian length, that many bytes of
 UTF-8 JSON (the header), then raw payloads whose lengths the header lists in "blobs". Bytes
@@ -22,7 +23,10 @@ rose and the command died of SIGKILL. Commands get oom_score_adj 500 so an OOM k
 them before execd. batch_exec runs jobs on min(CPUs, cgroup CPU quota) threads unless
 the request says "parallel".
 
-execd removes itself after --ttl seconds and on SIGTERM/SIGINT, killing what it started.
+execd removes itself after --ttl seconds and on SIGTERM/SIGINT, killing what it started,
+and --owner-grace seconds after its owner's lifeline (--owner-fifo, a FIFO whose only
+writer is the owning process on the host) reads end-of-file: the owner died (see
+sandgym/sandboxes/ownership.py).
 As PID 1 it also reaps orphaned zombies. The socket is made world-connectable (0777)
 because execd runs unprivileged in the container while the host side connects as
 another user; the directory it lives in must be writable by execd's uid.
@@ -767,12 +771,32 @@ def _start_egress_relay(port: int, uds_path: str) -> None:
     mod.start(port, uds_path)
 
 
+def watch_owner(path: str, grace: float) -> None:
+    """The owner's lifeline (run in its own thread): block reading the FIFO until no writer
+    is left, i.e. the owning process on the host is gone, however it died; then after
+    `grace` seconds stop execd as SIGTERM would (the container ends with it). A FIFO that
+    cannot be opened leaves only the TTL, said on stderr."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # never blocks, even with no writer
+        os.set_blocking(fd, True)
+        while os.read(fd, 4096):  # nobody writes; EOF once the last writer is gone
+            pass
+    except OSError as exc:
+        sys.stderr.write("sandgym-execd: owner lifeline %s unusable (%s); only the TTL ends this sandbox\n" % (path, exc))
+        return
+    time.sleep(grace)
+    # To the main thread, so its accept() is interrupted and it shuts down as on SIGTERM.
+    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description="sandgym execd: the in-sandbox exec daemon")
     ap.add_argument("--socket", required=True, help="unix socket path to listen on")
     ap.add_argument("--ttl", type=float, default=None, help="exit after this many seconds")
     ap.add_argument("--egress-port", type=int, default=None, help="relay 127.0.0.1:PORT ...")
     ap.add_argument("--egress-socket", default=None, help="... to this unix socket (egress_relay.py)")
+    ap.add_argument("--owner-fifo", default=None, help="exit once this FIFO has no writer left")
+    ap.add_argument("--owner-grace", type=float, default=0.0, help="... after this many seconds")
     args = ap.parse_args(argv)
     started = time.monotonic()
     ttl = args.ttl if args.ttl and args.ttl > 0 else None
@@ -803,6 +827,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         _start_egress_relay(args.egress_port, args.egress_socket)
     sock, ident = _listen(args.socket)
     try:
+        if args.owner_fifo:  # inside the try: its SIGTERM may come at once
+            threading.Thread(
+                target=watch_owner, args=(args.owner_fifo, max(0.0, args.owner_grace)), name="owner", daemon=True
+            ).start()
         while True:
             if ttl is not None:
                 left = started + ttl - time.monotonic()

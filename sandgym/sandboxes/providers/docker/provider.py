@@ -26,9 +26,11 @@ the container's main process is execd, the in-sandbox exec daemon (sandboxes/exe
 mounted read-only from this package), listening on a unix socket in a per-container host
 directory (execd.py): a few ms per command instead of tens for `docker exec`. Images without
 python3 (execd's start fails with "executable file not found") are remembered per image
-id and get `sleep <ttl_s>` as main process and `DockerExecTransport` (and no egress).
-Either way the main process runs under the engine's init, so a driver that dies leaks
-nothing past the TTL: the container goes, and the runtime wrapper deletes its disk.
+id and get a `sh` that sleeps out the TTL as main process and `DockerExecTransport` (and no
+egress). Either way the main process runs under the engine's init, so a driver that dies leaks
+nothing past the TTL: the container goes, and the runtime wrapper deletes its disk. Sandboxes
+owned by a process (ownership.py) end sooner: the owner holds a FIFO in the container's socket
+directory open, and the main process (execd, or that `sh`) ends when it has no writer left.
 """
 
 from __future__ import annotations
@@ -57,8 +59,9 @@ from ...base import Command, ExecJob, Sandbox, as_bytes, live_argv, shell_argv
 from ...egress.forwarder import EgressForwarder
 from ...egress.proxy import EgressProxy, squid_binary
 from ...errors import SandboxCreateError, SandboxError, SandboxGoneError, SpecError
-from ...execd import EGRESS_PORT, EGRESS_SOCKET_NAME, BatchJob, execd_command
+from ...execd import CONTAINER_SOCKET_DIR, EGRESS_PORT, EGRESS_SOCKET_NAME, LIFELINE_NAME, BatchJob, execd_command
 from ...live import LiveProcess
+from ...ownership import Lifeline, lifeline_grace_s, stamp_owner
 from ...result import EgressLogEntry, ExecResult, SandboxInfo
 from ...spec import LABEL_OWNER, EgressPolicy, SandboxSpec
 from .exec import KILLED_EXIT, DockerExecTransport
@@ -109,6 +112,13 @@ VM_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KIL
 GVISOR_MIN_MEMORY_MB = 64
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 CA_IN_SANDBOX = "/run/sandgym-ca.crt"
+# Main process without execd: ends at the TTL ($3), or $2 seconds after the owner's
+# lifeline FIFO ($1) has no writer left. Runs as PID 1 when the engine has no init, hence
+# the trap (PID 1 ignores signals it has no handler for).
+_WATCH_SH = r"""trap 'exit 0' TERM
+(sleep "$3"; kill -TERM $$) &
+(while read -r _; do :; done <"$1" && sleep "$2" && kill -TERM $$) 2>/dev/null &
+wait"""
 
 
 class _NoExecd(Exception):
@@ -135,7 +145,9 @@ class _Box:
 
     name: str
     plan: Plan
-    sock_dir: Path | None = None
+    sock_dir: Path | None = None  # execd's socket and/or the owner's lifeline FIFO
+    execd: bool = False  # the main process is execd (its socket in sock_dir)
+    lifeline: Lifeline | None = None  # our end of the owner's lifeline, held until removal
     disk: bool = False
     egress_src: str | None = None
     created_at: float = field(default_factory=time.time)
@@ -626,19 +638,25 @@ class DockerProvider:
         *,
         name: str | None = None,
         plan: Plan | None = None,
+        execd: bool = True,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """(create_container kwargs, host_config kwargs) for `spec`: the hardened defaults.
-        With `socket_dir` the main process is execd, its socket in that host folder."""
+        With `socket_dir` the main process is execd, its socket in that host folder (with
+        `execd=False`: a `sh`, the folder holding only the owner's lifeline)."""
         plan = plan or self.plan(spec)
         all_labels = {**spec.labels, **{k: str(v) for k, v in labels.items()}}
         all_labels.setdefault(LABEL_OWNER, DEFAULT_OWNER)
-        all_labels[LABEL_TRANSPORT] = "execd" if socket_dir else "docker-exec"
+        all_labels = stamp_owner(all_labels)  # pid, host, ...: what the reaper judges by
+        execd = execd and socket_dir is not None
+        all_labels[LABEL_TRANSPORT] = "execd" if execd else "docker-exec"
         all_labels[LABEL_PROFILE] = spec.profile
         all_labels[LABEL_RUNTIME] = plan.runtime or "runc"
         if socket_dir:
             all_labels[LABEL_SOCKET_DIR] = str(socket_dir)
+        grace = lifeline_grace_s(all_labels) if socket_dir else None
+        fifo = f"{CONTAINER_SOCKET_DIR}/{LIFELINE_NAME}"
         ttl = "infinity" if spec.ttl_s is None else str(math.ceil(spec.ttl_s))
-        egress = spec.egress is not None and socket_dir is not None
+        egress = spec.egress is not None and execd
         host: dict[str, Any] = dict(
             auto_remove=True,
             network_mode="none",  # egress, when allowed, goes through execd's relay
@@ -690,10 +708,19 @@ class DockerProvider:
             if self.ca_bundle:
                 binds[str(self.ca_bundle)] = {"bind": CA_IN_SANDBOX, "mode": "ro"}
                 env.update(ca_env())
-        if socket_dir:
+        if execd:
             binds.update(execd_volumes(socket_dir))  # socket dir rw, execd's code ro
-            # execd ends itself after ttl_s, then the container removes itself.
-            main = execd_command(spec.ttl_s, egress=egress)
+            # execd ends itself after ttl_s (or once its owner is gone), then the container
+            # removes itself.
+            main = execd_command(
+                spec.ttl_s,
+                egress=egress,
+                owner_fifo=fifo if grace is not None else None,
+                owner_grace_s=grace or 0.0,
+            )
+        elif grace is not None:
+            binds[str(socket_dir)] = {"bind": CONTAINER_SOCKET_DIR, "mode": "ro"}
+            main = ["/bin/sh", "-c", _WATCH_SH, "sandgym-main", fifo, str(math.ceil(grace)), ttl]
         else:
             main = ["sleep", ttl]  # lives ttl_s, then the container removes itself
         if binds:
@@ -745,21 +772,26 @@ class DockerProvider:
         """Make the host-side resources, then create and start the container; on any
         failure undo all of it (nothing half-made is left behind)."""
         name = self.sockets.new_name()
-        box = _Box(name=name, plan=plan)
+        box = _Box(name=name, plan=plan, execd=execd)
+        want_lifeline = lifeline_grace_s(stamp_owner(labels)) is not None
         cid: str | None = None
         try:
-            if execd:
+            if execd or want_lifeline:
                 box.sock_dir = self.sockets.make(name, plan.uid, plan.gid)
+                if want_lifeline:  # before the container starts, so its watcher finds a writer
+                    box.lifeline = Lifeline.fifo(box.sock_dir / LIFELINE_NAME)
+                if not execd:
+                    self.sockets.seal(box.sock_dir)  # nothing in the box writes there
             if plan.disk == "loop":
                 self.disks.make(name, spec.disk_mb, writable_root=plan.writable_root, uid=plan.uid, gid=plan.gid)
                 box.disk = True
                 if plan.writable_root:
                     self._seed_root(name, spec, plan)
-            if spec.egress is not None and box.sock_dir is not None:
+            if spec.egress is not None and execd and box.sock_dir is not None:
                 proxy, fwd = self._egress()
                 box.egress_src = proxy.lease(name, spec.egress)
                 fwd.listen(box.sock_dir / EGRESS_SOCKET_NAME, box.egress_src)
-            create, host = self.container_config(spec, labels, box.sock_dir, name=name, plan=plan)
+            create, host = self.container_config(spec, labels, box.sock_dir, name=name, plan=plan, execd=execd)
             try:
                 cid = self.api.create_container(
                     host_config=self.api.create_host_config(**host), name=name, **create
@@ -771,7 +803,7 @@ class DockerProvider:
                 self.api.start(cid)
             except docker.errors.APIError as e:
                 text = str(e.explanation or e)
-                if box.sock_dir is not None and (
+                if execd and (
                     "executable file not found" in text or "no such file or directory" in text
                 ):
                     raise _NoExecd(text) from e
@@ -807,7 +839,7 @@ class DockerProvider:
 
     def _release(self, box: _Box) -> None:
         """Undo `box`'s host-side resources. Idempotent, never raises."""
-        for step in (self._release_egress, self._release_sock, self._release_disk):
+        for step in (self._release_egress, self._release_lifeline, self._release_sock, self._release_disk):
             try:
                 step(box)
             except Exception as exc:
@@ -819,6 +851,11 @@ class DockerProvider:
                 self._forwarder.close(box.sock_dir / EGRESS_SOCKET_NAME)
             if self._proxy is not None:
                 self._proxy.release(box.egress_src)
+
+    def _release_lifeline(self, box: _Box) -> None:
+        if box.lifeline is not None:
+            box.lifeline.close()
+            box.lifeline = None
 
     def _release_sock(self, box: _Box) -> None:
         if box.sock_dir is not None:
@@ -864,7 +901,7 @@ class DockerProvider:
         """The one place that picks how bytes reach a container: execd's socket when
         the container runs it, else docker exec."""
         box = self._boxes.get(container_id)
-        sock_dir = box.sock_dir if box is not None else None
+        sock_dir = box.sock_dir if box is not None and box.execd else None
         if sock_dir is None:
             return DockerExecTransport(self.api, container_id, limiter=self._limiter)
 
@@ -1019,6 +1056,7 @@ class DockerProvider:
         box = _Box(name=name, plan=self.plan(spec))
         if labels.get(LABEL_TRANSPORT) == "execd" and labels.get(LABEL_SOCKET_DIR):
             box.sock_dir = Path(labels[LABEL_SOCKET_DIR])
+            box.execd = True
         box.disk = bool(name) and self.disks.path(name).exists()
         if spec.ttl_s is not None:
             self._watcher.expect(cid, max(0.0, spec.ttl_s - _age_s(state.get("StartedAt", ""))))

@@ -12,6 +12,11 @@ uid, cgroups and a tmpfs, and rlimits always; without bwrap, "plain" subprocesse
 loudly). `LocalProvider(isolation="auto")` takes what works; probe results are in
 `LocalProvider.capabilities`. What each mechanism does, and what this provider does NOT
 stop, is in docs/security.md ("The `local` provider").
+
+A persistent namespace's holder ends, and the kernel takes every process of the sandbox
+with it, at the spec's TTL or once the owning process is gone (ownership.py): it reads a
+pipe whose write end only the owner holds, and end-of-file means the owner died. Its
+directory (and tmpfs, cgroups) stays until a `prune` or a sandgym process's reaper.
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ import resource
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -42,8 +46,8 @@ from pydantic import BaseModel, Field
 from ...base import Command, Sandbox, as_bytes, shell_argv
 from ...errors import SandboxCreateError, SandboxError, SandboxGoneError, SpecError
 from ...result import ExecResult, SandboxInfo
-from ...spec import LABEL_HOST, LABEL_PID, EgressPolicy, SandboxSpec, host_cpus
-from ...ownership import process_start_time
+from ...spec import EgressPolicy, SandboxSpec, host_cpus
+from ...ownership import Lifeline, lifeline_grace_s, process_start_time, stamp_owner
 from .cgroup import CgroupSet, kill_until_gone, pids_of_uid, pids_with_env
 from .exec import Launch, run_process
 from .fs import SandboxFS
@@ -73,6 +77,16 @@ DEFAULT_UID_COUNT = 1_000_000
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # Sandbox working dirs must be creatable mount points, not inside a read-only host dir.
 _SYSTEM_PREFIXES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc", "/dev")
+# The namespace holder: says ready, then lives until the TTL ($3) or, when $1 is set, $2
+# seconds after the owner's lifeline (the pipe on its stdin; fd 3 from then on, as dash
+# takes single-digit fds only and gives background jobs /dev/null as stdin) reads
+# end-of-file. Then it kills every process of the namespace (bwrap's pid 1 waits for all
+# of them, not just for the holder) and bwrap's pid 1, left alone, exits.
+_HOLDER_SH = r"""exec 3<&0 </dev/null
+echo ready
+(sleep "$3"; kill -9 -1) &
+[ -n "$1" ] && (while read -r _; do :; done <&3 && sleep "$2" && kill -9 -1) 2>/dev/null &
+wait"""
 
 WEAK_ISOLATION_MESSAGE = (
     "sandgym local provider: bubblewrap is not usable here ({why}); sandboxes run as PLAIN "
@@ -138,6 +152,7 @@ class LocalProvider:
         self.uid_base = uid_base
         self.uid_count = uid_count
         self.persistent = persistent
+        self._lifelines: dict[str, Lifeline] = {}  # sandbox id -> our end of its lifeline
 
     # ---- capabilities ----------------------------------------------------------------
 
@@ -183,9 +198,7 @@ class LocalProvider:
         if mode == "plain":
             why = "isolation='none'" if self.isolation == "none" else str(self.capabilities.bwrap_error)
             _warn_weak(why)
-        all_labels = {**spec.labels, **labels}
-        all_labels.setdefault(LABEL_PID, str(os.getpid()))
-        all_labels.setdefault(LABEL_HOST, socket.gethostname())
+        all_labels = stamp_owner({**spec.labels, **labels})
         return await anyio.to_thread.run_sync(self._create_sync, spec, all_labels, mode)
 
     def _create_sync(self, spec: SandboxSpec, labels: dict[str, str], mode: str) -> "LocalSandbox":
@@ -241,11 +254,16 @@ class LocalProvider:
             raise
         sb = LocalSandbox(self, spec, meta, d, caps)
         if sb.persistent:
+            lifeline: Lifeline | None = None
             try:
-                sb._start_holder()
+                lifeline = sb._start_holder()
+                if lifeline is not None:
+                    self._lifelines[sid] = lifeline
                 self._write_meta(d, meta)
             except BaseException:
                 self._remove_sync(sid)
+                if lifeline is not None:
+                    lifeline.close()
                 sb._reap_holder()
                 raise
         return sb
@@ -287,7 +305,8 @@ class LocalProvider:
                 continue
             out.append(
                 SandboxInfo(
-                    id=meta.id, provider=self.name, image=meta.image, status="running",
+                    id=meta.id, provider=self.name, image=meta.image,
+                    status="exited" if meta.init_pid and not _holder_alive(meta) else "running",
                     labels=meta.labels, created_at=meta.created_at,
                 )  # fmt: skip
             )
@@ -324,6 +343,9 @@ class LocalProvider:
         if uid is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.root / ".uids" / str(uid))
+        lifeline = self._lifelines.pop(sid, None)
+        if lifeline is not None:
+            lifeline.close()
 
     async def aclose(self) -> None:
         return None
@@ -337,6 +359,19 @@ def _check_traversable(root: Path) -> None:
                 f"local sandbox root {root} is not reachable by unprivileged uids: {p} lacks o+x; "
                 "pick another root (SANDGYM_LOCAL_ROOT) or chmod o+x it"
             )
+
+
+def _holder_alive(meta: LocalMeta) -> bool:
+    pid = meta.init_pid
+    if pid is None or process_start_time(pid) != meta.init_start:
+        return False
+    # A holder killed from inside (kill -9 -1), or ended at its TTL, lingers as a zombie
+    # until its parent reaps it: its /proc entry stays, its namespaces are gone.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[:1] != [b"Z"]
+    except OSError:
+        return False
 
 
 def _read_meta(d: Path) -> LocalMeta | None:
@@ -430,20 +465,26 @@ class LocalSandbox(Sandbox):
 
     # ---- persistent namespace ---------------------------------------------------------
 
-    def _start_holder(self) -> None:
-        """Start the bwrap that holds the sandbox's namespaces (`sleep infinity` under
-        bwrap's reaping pid 1); learn its pid 1 from --info-fd and wait for the command's
-        "ready" line, since bwrap reports the pid before the mounts are in place. Without
-        --die-with-parent: like a container, it outlives a crashed owner until `prune`."""
+    def _start_holder(self) -> Lifeline | None:
+        """Start the bwrap that holds the sandbox's namespaces (_HOLDER_SH under bwrap's
+        reaping pid 1); learn its pid 1 from --info-fd and wait for the command's "ready"
+        line, since bwrap reports the pid before the mounts are in place. Not
+        --die-with-parent (that fires when the creating *thread* ends): the holder ends at
+        the TTL or, for a `process`-owned sandbox, once the owner is gone (the returned
+        lifeline's write end, which the caller keeps until it removes the sandbox)."""
         info_r, info_w = os.pipe()
         ready_r, ready_w = os.pipe()
+        grace = lifeline_grace_s(self.meta.labels)
+        lifeline, life_r = Lifeline.pipe() if grace is not None else (None, -1)
+        ttl = "infinity" if self.spec.ttl_s is None else str(math.ceil(self.spec.ttl_s))
         log_path = self.path / "holder.log"
         try:
             with open(log_path, "wb") as log_f:
                 self._holder = subprocess.Popen(
                     [*self._prefix, "--info-fd", str(info_w), "--chdir", "/", "--",
-                     "/bin/sh", "-c", "echo ready; exec sleep infinity"],
-                    stdin=subprocess.DEVNULL, stdout=ready_w, stderr=log_f,
+                     "/bin/sh", "-c", _HOLDER_SH, "sandgym-holder",
+                     "1" if life_r >= 0 else "", str(math.ceil(grace or 0)), ttl],
+                    stdin=life_r if life_r >= 0 else subprocess.DEVNULL, stdout=ready_w, stderr=log_f,
                     env=self._env(None), cwd="/", pass_fds=(info_w,), start_new_session=True,
                     preexec_fn=self._launch.preexec(10**9),
                 )  # fmt: skip
@@ -452,8 +493,12 @@ class LocalSandbox(Sandbox):
             info_w = ready_w = -1
             info = read_until(info_r, None, 30.0)
             ready = read_until(ready_r, b"\n", 30.0)
+        except BaseException:
+            if lifeline is not None:
+                lifeline.close()
+            raise
         finally:
-            for fd in (info_r, ready_r, info_w, ready_w):
+            for fd in (info_r, ready_r, info_w, ready_w, life_r):
                 if fd >= 0:
                     os.close(fd)
         try:
@@ -464,9 +509,12 @@ class LocalSandbox(Sandbox):
             err = ""
             with contextlib.suppress(OSError):
                 err = log_path.read_text(errors="replace").strip()
+            if lifeline is not None:
+                lifeline.close()
             raise SandboxCreateError(f"bwrap did not start the sandbox: {err or 'no answer from bwrap'}") from None
         self.meta.init_pid = init_pid
         self.meta.init_start = process_start_time(init_pid)
+        return lifeline
 
     def _reap_holder(self) -> None:
         if self._holder is not None:
@@ -474,16 +522,7 @@ class LocalSandbox(Sandbox):
                 self._holder.wait(timeout=5)
 
     def _init_alive(self) -> bool:
-        pid = self.meta.init_pid
-        if pid is None or process_start_time(pid) != self.meta.init_start:
-            return False
-        # A holder killed from inside (kill -9 -1) lingers as a zombie until its parent
-        # reaps it: its /proc entry stays, its namespaces are gone.
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                return f.read().rsplit(b")", 1)[-1].split()[:1] != [b"Z"]
-        except OSError:
-            return False
+        return _holder_alive(self.meta)
 
     def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
         user = "root" if self.spec.user in ("root", "0") else "sandbox"
