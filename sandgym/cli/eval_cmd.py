@@ -1,8 +1,10 @@
-"""`sandgym eval ENV`: run an environment with a model or an offline policy, save every
-rollout as it finishes, resume a killed run, and print a summary (or JSON)."""
+"""`sandgym eval ENV`: run an environment with a model (a server, or a trained run's checkpoint
+served by the built-in backend) or an offline policy, save every rollout as it finishes,
+resume a killed run, and print a summary (or JSON)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -51,6 +53,9 @@ def eval_command(
     base_url: Optional[str] = typer.Option(None, "--base-url", "-b", help="OpenAI-compatible base URL (e.g. http://127.0.0.1:8000/v1)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="API key (default: $OPENAI_API_KEY or EMPTY)."),
     policy: Optional[str] = typer.Option(None, "--policy", "-p", help="Offline policy instead of a model: oracle or null."),
+    checkpoint: Optional[Path] = typer.Option(
+        None, "--checkpoint", help="A `sandgym sft` or `sandgym train` run folder (its newest checkpoint) or checkpoint: serve it with the built-in transformers backend and evaluate it."
+    ),
     provider: str = typer.Option("docker", "--provider", help="Sandbox provider: docker, local or prime."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory (default: runs/eval-ENV-TIME)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Resume the run in this directory: skip rollouts already recorded."),
@@ -83,10 +88,14 @@ def eval_command(
     err = Console(stderr=True)
     out_console = err if as_json else Console()
 
-    if policy and (model or base_url):
-        raise typer.BadParameter("give either --policy or --model/--base-url, not both")
-    if not policy and not base_url:
-        raise typer.BadParameter("give --base-url (and --model) for a model, or --policy oracle|null")
+    if sum(map(bool, (policy, model or base_url, checkpoint))) > 1:
+        raise typer.BadParameter("give one of --policy, --model/--base-url or --checkpoint")
+    if not policy and not base_url and not checkpoint:
+        raise typer.BadParameter("give --base-url (and --model) for a model, --checkpoint for a trained run, or --policy oracle|null")
+    if checkpoint is not None:
+        from sandgym.train.checkpoints import find_checkpoint
+
+        find_checkpoint(checkpoint)  # a missing checkpoint is the user's error, said before anything starts
     check_provider(provider)
     run_dir = resume or output
     if resume is not None:
@@ -116,9 +125,16 @@ def eval_command(
         sampling["temperature"] = temperature
     if max_tokens is not None:
         sampling["max_tokens"] = max_tokens
+    stack = contextlib.ExitStack()
     if policy:
         client: Any = get_policy(policy, env)
         model_name = policy
+    elif checkpoint is not None:
+        from sandgym.train.evaluate import serve_checkpoint
+
+        backend = stack.enter_context(serve_checkpoint(checkpoint, max_batch_size=max(conc, 1)))
+        client = OpenAIClient(backend.base_url, "sandgym", timeout_s=timeout_s, max_retries=max_retries)
+        model_name = backend.model_name
     else:
         client = OpenAIClient(base_url, api_key, timeout_s=timeout_s, max_retries=max_retries)
         model_name = model or "default"
@@ -178,7 +194,15 @@ def eval_command(
                 concurrency=conc,
                 sampling_args=sampling,
                 provider=provider,
-                meta={"policy": policy, "base_url": base_url, "provider": provider, "env_args": env_kwargs, "concurrency": conc, "argv": sys.argv[1:]},
+                meta={
+                    "policy": policy,
+                    "base_url": base_url,
+                    "checkpoint": str(checkpoint) if checkpoint else None,
+                    "provider": provider,
+                    "env_args": env_kwargs,
+                    "concurrency": conc,
+                    "argv": sys.argv[1:],
+                },
                 on_start=on_start,
                 on_record=on_record,
             )
@@ -188,7 +212,7 @@ def eval_command(
             await env.close()
 
     t0 = time.perf_counter()
-    with progress:
+    with stack, progress:
         summary = anyio.run(main)
     summary["command_wall_s"] = time.perf_counter() - t0
     summary["policy"] = policy

@@ -1,4 +1,8 @@
-"""`sandgym train CONFIG.toml`: GRPO training with a per-step reward line (rich)."""
+"""`sandgym train CONFIG.toml`: GRPO training with a per-step reward line (rich).
+
+`--nproc N` trains with N local processes (FSDP2, distributed.launch); under `torchrun`
+(WORLD_SIZE > 1 in the environment) this process is one rank (distributed.train_rank).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,23 @@ from typing import Optional
 import typer
 
 
+def show_step(m: dict[str, float]) -> None:
+    """One line per step (module level: spawned ranks receive it pickled)."""
+    from rich.console import Console
+
+    extra = f" kl={m['kl']:.4f}" if "kl" in m else ""
+    if m.get("infra_failure_rate"):
+        extra += f"  infra-fail {m['infra_failure_rate']:.2f}"
+    if m.get("stale_groups_dropped"):
+        extra += f"  stale-dropped {int(m['stale_groups_dropped'])}"
+    Console().print(
+        f"step {int(m['step']):4d}  reward [bold green]{m['reward_mean']:.3f}[/] ±{m['reward_std']:.3f}  "
+        f"loss {m['loss']:+.4f}  entropy {m.get('entropy', 0.0):.3f}  clip {m.get('clip_frac', 0.0):.3f}{extra}  "
+        f"gen {m['generate_s']:.1f}s  train {m.get('train_s', 0.0):.1f}s  "
+        f"{m.get('train_tokens_per_s', 0.0):.0f} tok/s"
+    )
+
+
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train(
@@ -18,6 +39,7 @@ def register(app: typer.Typer) -> None:
         output: Optional[Path] = typer.Option(None, help="override output.dir"),
         set_: list[str] = typer.Option([], "--set", help="override any field: section.key=JSON value"),
         no_resume: bool = typer.Option(False, "--no-resume", help="start fresh even if checkpoints exist"),
+        nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="trainer processes on this machine (FSDP2); overrides distributed.nproc"),
         verbose: bool = typer.Option(False, "-v", help="log at INFO; show the traceback of an error"),
     ) -> None:
         """Train a policy with GRPO on an environment (toy or a sandgym environment)."""
@@ -30,6 +52,8 @@ def register(app: typer.Typer) -> None:
         from sandgym.cli.errors import format_validation_error, show_tracebacks
         from sandgym.errors import UserError
         from sandgym.train.config import TrainConfig
+        from sandgym.train.distributed import launch, torchrun_env, train_rank
+        from sandgym.train.loss import ConfigError
         from sandgym.train.trainer import Trainer
 
         show_tracebacks(verbose)
@@ -50,23 +74,39 @@ def register(app: typer.Typer) -> None:
             overrides["output.dir"] = str(output.resolve())
         if no_resume:
             overrides["output.resume"] = False
+        ranks = torchrun_env()
+        if ranks is not None:
+            if nproc is not None and nproc != ranks[1]:
+                raise UserError(f"--nproc {nproc} disagrees with torchrun's WORLD_SIZE {ranks[1]}; leave --nproc out under torchrun")
+            overrides["distributed.nproc"] = ranks[1]
+        elif nproc is not None:
+            overrides["distributed.nproc"] = nproc
         try:
             cfg = TrainConfig.from_toml(config, overrides)
         except tomllib.TOMLDecodeError as exc:
             raise UserError(f"{config}: malformed TOML: {exc}") from exc
         except ValidationError as exc:
             raise UserError(f"{config}: {format_validation_error(exc)}") from exc
+        except ConfigError as exc:  # options that cannot work together
+            raise UserError(f"{config}: {exc}") from exc
 
-        def show(m: dict[str, float]) -> None:
-            extra = f" kl={m['kl']:.4f}" if "kl" in m else ""
+        # Checked above while the config was read: nothing is built before this point.
+        world = cfg.distributed.nproc
+        if ranks is not None:
+            rank, world, local = ranks
+            if rank == 0:
+                console.print(f"[bold]sandgym train[/] rank 0 of {world} (torchrun) model={cfg.model.name_or_path} out={cfg.output.dir}")
+            train_rank(cfg, rank, world, local_rank=local, init_method="env://", on_step=show_step)
+            return
+        if world > 1:
             console.print(
-                f"step {int(m['step']):4d}  reward [bold green]{m['reward_mean']:.3f}[/] ±{m['reward_std']:.3f}  "
-                f"loss {m['loss']:+.4f}  entropy {m.get('entropy', 0.0):.3f}  clip {m.get('clip_frac', 0.0):.3f}{extra}  "
-                f"gen {m['generate_s']:.1f}s  train {m.get('train_s', 0.0):.1f}s  "
-                f"{m.get('train_tokens_per_s', 0.0):.0f} tok/s"
+                f"[bold]sandgym train[/] model={cfg.model.name_or_path} env={cfg.env.kind}{':' + cfg.env.name if cfg.env.name else ''} "
+                f"nproc={world} (FSDP2) steps={cfg.optim.steps} out={cfg.output.dir}"
             )
-
-        trainer = Trainer(cfg, on_step=show)
+            launch(cfg, world, on_step=show_step)
+            console.print(f"done: metrics {Path(cfg.output.dir) / 'metrics.jsonl'}")
+            return
+        trainer = Trainer(cfg, on_step=show_step)
         console.print(
             f"[bold]sandgym train[/] model={cfg.model.name_or_path} env={cfg.env.kind}{':' + cfg.env.name if cfg.env.name else ''} "
             f"device={trainer.device} attention={trainer.policy.kernel} steps={cfg.optim.steps} out={trainer.out}"

@@ -1,9 +1,11 @@
 """Model clients: the `ModelClient` protocol and the `openai` SDK's async client against any
-OpenAI-compatible base URL (asking vLLM for token ids and logprobs). The offline policies
-(`oracle`, `null`) are in `policies.py`."""
+OpenAI-compatible base URL (asking vLLM for token ids and logprobs; from the second turn of a
+rollout on, sending the prompt as token ids: tokens.py). The offline policies (`oracle`,
+`null`) are in `policies.py`."""
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from collections.abc import Mapping, Sequence
@@ -13,6 +15,7 @@ import anyio
 from pydantic import BaseModel, Field
 
 from .state import Message, State, TurnTokens
+from .tokens import STAND_IN, STAND_IN_OTHER, bridge, continuation, turn_tail
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,25 @@ class ModelResponse(BaseModel):
     token_source: str | None = None
     finish_reason: str | None = None
     usage: dict[str, int] = Field(default_factory=dict)
+    token_in: bool = False  # the prompt went to the server as token ids (tokens.py)
+
+
+def _tokenize_response() -> Any:
+    """vLLM's `/tokenize` answer (the fields we read), as the openai SDK's own model type (its
+    `post` parses only those); made on first use so importing this module stays light."""
+    global _TokenizeResponse
+    if _TokenizeResponse is None:
+        import openai
+
+        class TokenizeResponse(openai.BaseModel):
+            tokens: list[int]
+            count: int | None = None
+
+        _TokenizeResponse = TokenizeResponse
+    return _TokenizeResponse
+
+
+_TokenizeResponse: Any = None
 
 
 @runtime_checkable
@@ -69,9 +91,16 @@ def extract_tokens(response: Any, choice: Any) -> tuple[TurnTokens | None, str |
     logprobs = [float(_get(e, "logprob")) for e in content]
     prompt_ids = _get(response, "prompt_token_ids") or _get(choice, "prompt_token_ids")
     completion_ids = _get(choice, "token_ids")
+    version = _get(choice, "policy_version")
+    version = int(version) if version is not None else None
     if completion_ids is not None:
         return (
-            TurnTokens(prompt_ids=list(prompt_ids or []), completion_ids=list(completion_ids), completion_logprobs=logprobs),
+            TurnTokens(
+                prompt_ids=list(prompt_ids or []),
+                completion_ids=list(completion_ids),
+                completion_logprobs=logprobs,
+                policy_version=version,
+            ),
             "return_token_ids",
         )
     if content:
@@ -81,7 +110,10 @@ def extract_tokens(response: Any, choice: Any) -> tuple[TurnTokens | None, str |
             if not tok.startswith("token_id:"):
                 return None, None  # text tokens only: we never re-tokenize
             ids.append(int(tok.split(":", 1)[1]))
-        return TurnTokens(prompt_ids=list(prompt_ids or []), completion_ids=ids, completion_logprobs=logprobs), "logprobs"
+        return (
+            TurnTokens(prompt_ids=list(prompt_ids or []), completion_ids=ids, completion_logprobs=logprobs, policy_version=version),
+            "logprobs",
+        )
     return None, None
 
 
@@ -115,7 +147,15 @@ class OpenAIClient:
 
     `request_tokens` asks the server for token ids and logprobs (vLLM's extra parameters).
     A server that rejects those parameters with a 400 is asked again without them, once,
-    and the client remembers."""
+    and the client remembers.
+
+    `token_in` (with `request_tokens`): a turn that continues the rollout's previous turn is
+    sent as token ids -- the previous prompt + completion ids and the new messages rendered
+    as a chat-template suffix through the server's `/tokenize` -- to
+    `POST /v1/chat/completions/tokens` (prime-rl's route: a chat request whose `tokens` field
+    is the prompt; sandgym's OpenAIServer serves it). A stock `vllm serve` has no such route
+    (its chat endpoint takes no prompt ids): on a 404 the client warns once and sends
+    messages from then on."""
 
     name = "openai"
 
@@ -129,6 +169,7 @@ class OpenAIClient:
         backoff_s: float = 1.0,
         max_backoff_s: float = 30.0,
         request_tokens: bool = True,
+        token_in: bool = True,
         default_sampling_args: Mapping[str, Any] | None = None,
     ) -> None:
         from openai import AsyncOpenAI
@@ -139,7 +180,9 @@ class OpenAIClient:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.request_tokens = request_tokens
+        self.token_in = token_in
         self.default_sampling_args = dict(default_sampling_args or {})
+        self._stand_in: dict[str, tuple[list[int], list[int]]] = {}  # tools JSON -> (base, tail)
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -167,6 +210,63 @@ class OpenAIClient:
         # Timeouts, connection failures, and bodies that are not the JSON we expect.
         return isinstance(exc, (openai.APIConnectionError, openai.APIResponseValidationError, ValueError, TypeError, KeyError))
 
+    def _root(self) -> Any:
+        """The client at the server's root (vLLM serves /tokenize beside /v1, not under it)."""
+        base = str(self._client.base_url).rstrip("/")
+        return self._client.with_options(base_url=base.removesuffix("/v1"))
+
+    async def _tokenize(self, messages: Sequence[Message], model: str, tools: Any, add_generation_prompt: bool) -> list[int]:
+        body: dict[str, Any] = {"model": model, "messages": list(messages), "add_generation_prompt": add_generation_prompt}
+        if tools:
+            body["tools"] = list(tools)
+        resp = await self._root().post("/tokenize", body=body, cast_to=_tokenize_response())
+        return list(resp.tokens)
+
+    async def _token_prompt(self, messages: Sequence[Message], model: str, tools: Any, state: State | None) -> list[int] | None:
+        """The prompt as token ids when this turn continues the last one (tokens.py), else
+        None (send messages)."""
+        cont = continuation(state, messages)
+        if cont is None:
+            return None
+        prefix, new = cont
+        key = json.dumps(list(tools or []), sort_keys=True, default=str)
+        if key not in self._stand_in:
+            base = await self._tokenize([STAND_IN], model, tools, False)
+            other = await self._tokenize([STAND_IN_OTHER], model, tools, False)
+            self._stand_in[key] = (base, turn_tail(base, other))
+        base, tail = self._stand_in[key]
+        full = await self._tokenize([STAND_IN, *new], model, tools, True)
+        completion = state.turns[-1].tokens.completion_ids if state is not None and state.turns[-1].tokens else []
+        suffix = bridge(base, tail, full, completion)
+        if suffix is None:
+            log.debug("this turn cannot be sent as token ids (no end-of-turn token, or the template is not a suffix); sending messages")
+            return None
+        return prefix + suffix
+
+    async def _create(self, messages: Sequence[Message], model: str, tools: Any, sampling_args: Any, prompt_ids: list[int] | None) -> Any:
+        from openai.types.chat import ChatCompletion
+
+        kwargs = self._request(messages, model, tools, sampling_args)
+        if prompt_ids is None:
+            return await self._client.chat.completions.create(**kwargs)
+        body = {**{k: v for k, v in kwargs.items() if k != "extra_body"}, **kwargs.get("extra_body", {}), "tokens": prompt_ids}
+        return await self._client.post("/chat/completions/tokens", body=body, cast_to=ChatCompletion)
+
+    def _no_token_in(self, exc: BaseException) -> bool:
+        """The server has no token-in route (or /tokenize): stop trying, say so once."""
+        import openai
+
+        if isinstance(exc, openai.APIStatusError) and exc.status_code in (404, 405):
+            log.warning(
+                "%s has no /v1/chat/completions/tokens or /tokenize route (%s); sending messages from now on: "
+                "multi-turn prompts are re-rendered by the server, and the trainer checks that they extend the last turn",
+                self.base_url or "the server",
+                exc.status_code,
+            )
+            self.token_in = False
+            return True
+        return False
+
     async def chat(
         self,
         messages: Sequence[Message],
@@ -181,17 +281,39 @@ class OpenAIClient:
         attempt = 0
         fell_back = False
         while True:
+            prompt_ids: list[int] | None = None
             try:
-                resp = await self._client.chat.completions.create(**self._request(messages, model, tools, sampling_args))
+                if self.request_tokens and self.token_in:
+                    try:
+                        prompt_ids = await self._token_prompt(messages, model, tools, state)
+                    except openai.APIStatusError as exc:
+                        if not self._no_token_in(exc):
+                            raise
+                try:
+                    resp = await self._create(messages, model, tools, sampling_args, prompt_ids)
+                except openai.APIStatusError as exc:
+                    if prompt_ids is None or not self._no_token_in(exc):
+                        raise
+                    prompt_ids = None
+                    resp = await self._create(messages, model, tools, sampling_args, None)
                 if isinstance(resp, (str, bytes)) or not getattr(resp, "choices", None):
                     raise ValueError(f"malformed response: {str(resp)[:200]!r}")
                 choice = resp.choices[0]
                 message = message_from_choice(choice)
                 tokens, source = extract_tokens(resp, choice) if self.request_tokens else (None, None)
+                if tokens is not None and prompt_ids is not None and not tokens.prompt_ids:
+                    tokens.prompt_ids = list(prompt_ids)  # what we sent is what it generated from
                 usage = {}
                 if resp.usage is not None:
                     usage = {"prompt_tokens": resp.usage.prompt_tokens or 0, "completion_tokens": resp.usage.completion_tokens or 0}
-                return ModelResponse(message=message, tokens=tokens, token_source=source, finish_reason=choice.finish_reason, usage=usage)
+                return ModelResponse(
+                    message=message,
+                    tokens=tokens,
+                    token_source=source,
+                    finish_reason=choice.finish_reason,
+                    usage=usage,
+                    token_in=prompt_ids is not None,
+                )
             except openai.BadRequestError as exc:
                 if self.request_tokens and not fell_back and _mentions_token_params(exc):
                     log.warning("server rejected token-id parameters; continuing without token ids: %s", exc)

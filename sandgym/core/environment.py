@@ -367,6 +367,7 @@ class MultiTurnEnv(Environment):
 
     async def run_turns(self, client: ModelClient, model: str, state: State, sampling_args: Mapping[str, Any]) -> None:
         messages: list[Message] = list(state.prompt)
+        state.tools = self.tools_for(state)
         while True:
             t0 = time.perf_counter()
             resp = await self.get_model_response(client, model, messages, state, sampling_args)
@@ -375,6 +376,7 @@ class MultiTurnEnv(Environment):
                 completion=resp.message,
                 tokens=resp.tokens,
                 token_source=resp.token_source,
+                token_in=resp.token_in,
                 finish_reason=resp.finish_reason,
                 usage=resp.usage,
                 model_s=time.perf_counter() - t0,

@@ -21,6 +21,9 @@ class TurnTokens(BaseModel):
     prompt_ids: list[int]
     completion_ids: list[int]
     completion_logprobs: list[float] = Field(default_factory=list)
+    # Which weights sampled the completion (the trainer's optimizer steps), when the server
+    # says (sandgym's training backends do; others leave it None).
+    policy_version: int | None = None
 
 
 class Turn(BaseModel):
@@ -37,6 +40,10 @@ class Turn(BaseModel):
     # Where `tokens` came from: "return_token_ids" (vLLM >= 0.10 ids on the response),
     # "logprobs" (completion ids from `token_id:N` logprob entries; no prompt ids), or None.
     token_source: str | None = None
+    # The prompt went to the server as token ids: the previous turn's prompt + completion ids
+    # and the new messages' ids (core/tokens.py), so it extends them by construction.
+    # False: the server rendered `prompt` (messages) itself.
+    token_in: bool = False
 
 
 class Timing(BaseModel):
@@ -55,6 +62,9 @@ class State(BaseModel):
     example_id: int = 0
     rollout_index: int = 0
     prompt: list[Message] = Field(default_factory=list)
+    # The tool schemas offered to the model (rendered into its prompt by the chat template):
+    # with `prompt` and `turns`, what rebuilds the token sequence from text (`sandgym sft`).
+    tools: list[dict[str, Any]] | None = None
     answer: Any = None
     info: dict[str, Any] = Field(default_factory=dict)
     turns: list[Turn] = Field(default_factory=list)

@@ -8,6 +8,8 @@ function of the request. Token ids and logprobs come back the way vLLM returns t
 
 Token ids come from a toy byte-level "chat template" (`render`), so the prompt ids of turn
 k+1 begin with turn k's prompt ids followed by its completion ids, as with a real template.
+With `token_in` (default) it also answers `/tokenize` and `/v1/chat/completions/tokens` (the
+prompt is the request's `tokens`, used as given), like sandgym's OpenAIServer.
 Failure modes: an HTTP status (e.g. 500), a delay (to trip client timeouts), malformed JSON.
 `stream: true` requests get the same reply as server-sent events.
 
@@ -58,9 +60,9 @@ def render_message(m: dict[str, Any]) -> str:
     return text + "<|end|>"
 
 
-def render(messages: Sequence[dict[str, Any]]) -> str:
+def render(messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
     """Toy chat template: the prompt ends with the assistant header."""
-    return "".join(render_message(m) for m in messages) + "<|assistant|>"
+    return "".join(render_message(m) for m in messages) + ("<|assistant|>" if add_generation_prompt else "")
 
 
 def encode(text: str) -> list[int]:
@@ -96,7 +98,17 @@ def normalize_calls(calls: Sequence[dict[str, Any]] | None) -> list[dict[str, An
 
 
 class MockOpenAIServer:
-    def __init__(self, script: Sequence[Reply] | Responder | None = None, *, default: Reply | None = None, model: str = "mock") -> None:
+    def __init__(
+        self,
+        script: Sequence[Reply] | Responder | None = None,
+        *,
+        default: Reply | None = None,
+        model: str = "mock",
+        token_in: bool = True,
+    ) -> None:
+        # token_in: serve /tokenize and /v1/chat/completions/tokens (prime-rl's token-in
+        # route, as sandgym's OpenAIServer does); off: a server with chat completions only.
+        self.token_in = token_in
         self._lock = threading.Lock()
         self._queue: list[Reply] = list(script) if isinstance(script, Sequence) else []
         self._responder: Responder | None = script if callable(script) else None
@@ -124,9 +136,10 @@ class MockOpenAIServer:
                 return self._queue.pop(0)
             return self.default
 
-    def build_response(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
+    def build_response(self, body: dict[str, Any], reply: Reply, prompt_ids: list[int] | None = None) -> dict[str, Any]:
         calls = normalize_calls(reply.tool_calls)
-        prompt_ids = encode(render(body.get("messages", [])))
+        if prompt_ids is None:
+            prompt_ids = encode(render(body.get("messages", [])))
         comp_ids = encode(completion_text(reply.content, calls))
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if calls:
@@ -194,9 +207,7 @@ class MockOpenAIServer:
         async def models() -> dict[str, Any]:
             return {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "sandgym"}]}
 
-        @app.post("/v1/chat/completions")
-        async def chat(request: Request) -> Any:
-            body = await request.json()
+        async def answer(body: dict[str, Any], prompt_ids: list[int] | None) -> Any:
             reply = self._next(body)
             if reply.delay_s:
                 await anyio.sleep(reply.delay_s)
@@ -204,10 +215,27 @@ class MockOpenAIServer:
                 return JSONResponse({"error": {"message": f"scripted error {reply.status}", "type": "server_error"}}, status_code=reply.status)
             if reply.malformed:
                 return Response(b'{"id": "x", "choices": [ this is not json', media_type="application/json")
-            resp = self.build_response(body, reply)
+            resp = self.build_response(body, reply, prompt_ids)
             if body.get("stream"):
                 return StreamingResponse(self.sse_chunks(body, resp), media_type="text/event-stream")
             return JSONResponse(resp)
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> Any:
+            return await answer(await request.json(), None)
+
+        if self.token_in:
+
+            @app.post("/v1/chat/completions/tokens")
+            async def chat_tokens(request: Request) -> Any:
+                body = await request.json()
+                return await answer(body, [int(t) for t in body["tokens"]])
+
+            @app.post("/tokenize")
+            async def tokenize(request: Request) -> Any:
+                body = await request.json()
+                ids = encode(render(body["messages"], bool(body.get("add_generation_prompt", True))))
+                return {"count": len(ids), "max_model_len": 1 << 20, "tokens": ids}
 
         return app
 

@@ -35,6 +35,7 @@ BUILTIN: dict[str, BuiltinEnv] = {
         "sandgym.envs.humaneval", "HumanEval with a Python REPL tool in a sandbox.", {"tools": True}
     ),
     "tool_use": BuiltinEnv("sandgym.envs.tool_use", "Chained tool calls over a seeded shop catalogue."),
+    "pycalc": BuiltinEnv("sandgym.envs.pycalc", "Digit questions on sandbox-held numbers via python."),
     "swe_agent": BuiltinEnv("sandgym.envs.swe_agent", "SWE tasks with bash and a file editor."),
     "swe_debug": BuiltinEnv("sandgym.envs.swe_debug", "SWE debug runs: a step (gold patch), then tests."),
     "bfcl_v4_single_turn": BuiltinEnv(

@@ -5,7 +5,8 @@ sequence boundaries. The kernel, in order of preference:
 
 1. `flash_attn.flash_attn_varlen_func` (the `flash_attn` package, CUDA);
 2. `torch.nn.attention.varlen.varlen_attn` (torch >= 2.10; CUDA only: on CPU it raises);
-3. per-sequence `scaled_dot_product_attention` (any device; no (T x T) mask is built).
+3. per-sequence `scaled_dot_product_attention` (any device; no (T x T) mask is built): one
+   batched call over right-padded sequences when their lengths are close, else a loop.
 
 We register one attention function with transformers under ATTN_IMPL. Calls that carry
 `cu_seq_lens_q` (training) take the varlen path; calls without it (generation with a KV cache
@@ -115,8 +116,11 @@ def varlen_causal_attention(
         return fn(q, k, v, cu, cu, max_seqlen, max_seqlen, **kw)
     if kernel != "sdpa":
         raise ValueError(f"unknown attention kernel {kernel!r}")
-    out = torch.empty_like(q)
     bounds = cu_seqlens.tolist()
+    lens = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
+    if len(lens) > 1 and len(lens) * max(lens) <= 2 * q.shape[0]:
+        return _sdpa_padded(q, k, v, lens, scale)
+    out = torch.empty_like(q)
     for s, e in zip(bounds[:-1], bounds[1:]):
         if e <= s:
             continue
@@ -127,6 +131,22 @@ def varlen_causal_attention(
         o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=hq != hkv)
         out[s:e] = o.squeeze(0).transpose(0, 1)
     return out
+
+
+def _sdpa_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int], scale: float | None) -> torch.Tensor:
+    """Per-sequence causal SDPA as one batched call: each sequence right-padded to the
+    longest. Exact for the real tokens (under a causal mask they never see the padding after
+    them), and on CPU much cheaper than a loop over sequences, whose slices each cost a
+    full-size gradient buffer in backward. Used when padding at most doubles the tokens."""
+    n, width = len(lens), max(lens)
+    idx = torch.cat([torch.arange(i * width, i * width + n_i) for i, n_i in enumerate(lens)]).to(q.device)
+
+    def padded(x: torch.Tensor) -> torch.Tensor:  # (T, H, D) -> (N, H, L, D)
+        buf = x.new_zeros(n * width, x.shape[1], x.shape[2]).index_copy(0, idx, x)
+        return buf.view(n, width, x.shape[1], x.shape[2]).transpose(1, 2)
+
+    o = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return o.transpose(1, 2).reshape(n * width, q.shape[1], q.shape[2]).index_select(0, idx)
 
 
 def _hf_attention(

@@ -5,6 +5,16 @@ text is never re-tokenized. A multi-turn rollout becomes one sequence: turn i's 
 extend turn i-1's prompt + completion, and the tokens it adds (tool results, environment and
 user messages, chat-template glue) get loss mask 0; each turn's completion gets mask 1.
 
+Layout: one interleaved sequence per rollout, not one sequence per turn. With token-in
+(core/tokens.py) turn i's prompt *is* turn i-1's prompt + completion + the new messages' ids,
+so the interleaved sequence is exactly what the model saw and produced at every turn, and each
+token is trained once (per-turn sequences repeat the history: quadratic in turns). A prompt
+that does not extend the last turn means the model saw a different context (a server that
+re-rendered the chat: a template that drops earlier `<think>` blocks, text that does not
+survive decode -> encode; an environment that rewrote its history). That is an error naming
+the turn by default; `split_on_mismatch` starts a new sequence there instead, so each
+sequence is still what the model saw (the per-turn layout, paid only where needed).
+
 Sequences are packed without padding into micro-batches of at most `max_tokens` tokens (one
 row, `cu_seqlens` offsets, position ids restarting at 0 for each sequence), ready for varlen
 attention.
@@ -54,6 +64,25 @@ def _first_mismatch(a: list[int], b: list[int]) -> int:
     return min(len(a), len(b))
 
 
+def _mismatch_text(state: State, i: int, ids: list[int], p: list[int], token_in: bool) -> str:
+    at = _first_mismatch(ids, p)
+    where = (
+        f"rollout {state.id}: turn {i}'s prompt_ids do not extend turn {i - 1}'s prompt_ids + completion_ids "
+        f"(first difference at token {at}: previous has {ids[at] if at < len(ids) else '<end>'}, turn {i} has "
+        f"{p[at] if at < len(p) else '<end>'}; lengths {len(ids)} vs {len(p)}). "
+    )
+    if token_in:
+        return where + (
+            f"Turn {i} was sent as token ids extending turn {i - 1}, but the server reports a different prompt: "
+            "the server changed the ids it was given."
+        )
+    return where + (
+        f"Turn {i} was sent as messages and the server's chat template re-rendered earlier turns differently from "
+        "what the model generated. Send token ids (OpenAIClient token_in, a server with /v1/chat/completions/tokens) "
+        "or train such rollouts with env.on_prefix_mismatch = 'split'."
+    )
+
+
 def state_to_sequence(state: State, advantage: float | None = None) -> Sequence:
     """Flatten a (multi-turn) rollout into one sequence with a loss mask.
 
@@ -84,15 +113,7 @@ def state_to_sequence(state: State, advantage: float | None = None) -> Sequence:
         else:
             p = tok.prompt_ids
             if len(p) < len(ids) or p[: len(ids)] != ids:
-                at = _first_mismatch(ids, p)
-                raise PrefixMismatchError(
-                    f"rollout {state.id}: turn {i}'s prompt_ids do not extend turn {i - 1}'s "
-                    f"prompt_ids + completion_ids (first difference at token {at}: previous has "
-                    f"{ids[at] if at < len(ids) else '<end>'}, turn {i} has "
-                    f"{p[at] if at < len(p) else '<end>'}; lengths {len(ids)} vs {len(p)}). The chat "
-                    "template re-renders earlier turns differently from what the model generated; "
-                    "use a template that keeps past assistant messages verbatim."
-                )
+                raise PrefixMismatchError(_mismatch_text(state, i, ids, p, turn.token_in))
             extra = p[len(ids) :]
             ids.extend(extra)
             mask.extend([0] * len(extra))
@@ -117,6 +138,30 @@ def state_to_sequence(state: State, advantage: float | None = None) -> Sequence:
         rollout_id=state.id,
         has_inference_logprobs=have_lps,
     )
+
+
+def state_to_branches(state: State, advantage: float | None = None) -> list[Sequence]:
+    """A rollout as one sequence per run of turns that extend each other: a turn whose prompt
+    does not extend the last turn's prompt + completion starts a new sequence holding that
+    prompt (what the model saw then) and the turns that follow it. One sequence when every
+    turn extends the last (always with token-in)."""
+    runs: list[list[int]] = [[]]
+    ids: list[int] = []
+    for i, turn in enumerate(state.turns):
+        tok = turn.tokens
+        if tok is not None and i > 0:
+            p = tok.prompt_ids
+            if len(p) < len(ids) or p[: len(ids)] != ids:
+                runs.append([])
+                ids = []
+        runs[-1].append(i)
+        if tok is not None:  # (a turn without ids fails in state_to_sequence, named)
+            ids = list(tok.prompt_ids) + list(tok.completion_ids)
+    out = []
+    for run in runs:
+        part = state.model_copy(update={"turns": [state.turns[i] for i in run]})
+        out.append(state_to_sequence(part, advantage))
+    return out
 
 
 @dataclass
@@ -219,16 +264,16 @@ def pack(seqs: list[Sequence], max_tokens: int) -> list[MicroBatch]:
     return out
 
 
-def states_to_sequences(states: list[State], skip_errors: bool = True) -> list[Sequence]:
+def states_to_sequences(states: list[State], skip_errors: bool = True, split_on_mismatch: bool = False) -> list[Sequence]:
     """Sequences for the rollouts that can be trained on. Rollouts marked with an error or
-    without completion tokens are skipped when `skip_errors` (they carry no signal);
-    prefix mismatches always raise: they are a template bug, not a rollout failure."""
+    without completion tokens are skipped when `skip_errors` (they carry no signal); a
+    prefix mismatch raises (naming the turn), or with `split_on_mismatch` starts a new
+    sequence at that turn (state_to_branches)."""
     out: list[Sequence] = []
     for st in states:
         if skip_errors and (st.error is not None or not st.has_tokens):
             continue
-        seq = state_to_sequence(st)
-        if seq.num_loss_tokens == 0:
-            continue
-        out.append(seq)
+        for seq in state_to_branches(st) if split_on_mismatch else [state_to_sequence(st)]:
+            if seq.num_loss_tokens > 0:
+                out.append(seq)
     return out

@@ -1,6 +1,8 @@
 """Training configuration: one pydantic model, loadable from TOML (`sandgym train CONFIG.toml`).
 
 Relative paths in the file (output dir, model path) are resolved against the file's folder.
+Unknown keys are refused, and options that cannot work together stop the run while the
+config is read, before any model is built, with one line naming the key (`ConfigError`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sandgym.train.loss import LossConfig
+from sandgym.train.loss import ConfigError, LossConfig
 
 
 class _Strict(BaseModel):
@@ -38,17 +40,27 @@ class ModelConfig(_Strict):
     attention: Literal["auto", "flash_attn", "torch_varlen", "sdpa"] = "auto"
     gradient_checkpointing: bool = False
     logprob_chunk_size: int = Field(1024, gt=0)
+    # Start from another run's weights (e.g. `sandgym sft`'s): a checkpoint folder or a run
+    # folder (its newest checkpoint). Same architecture required; a resumed run ignores it.
+    init_from: str | None = None
 
 
 class BackendConfig(_Strict):
     kind: Literal["auto", "hf", "vllm"] = "auto"  # auto: vllm when importable and on CUDA
     max_batch_size: int = Field(64, gt=0)
-    # hf: serve the trainer's own weights (no copy); forced off when overlap is on.
-    share_weights: bool = True
+    # hf: serve the trainer's own weights (no copy). Unset: yes when that can work
+    # (synchronous, one process), else a copy that update_weights refreshes.
+    share_weights: bool | None = None
     # vllm
     gpu_memory_utilization: float = 0.3
-    sleep_during_training: bool = True
+    # Free the engine's GPU memory while training. Unset: yes when synchronous (an asleep
+    # engine cannot generate while the trainer trains).
+    sleep_during_training: bool | None = None
     max_model_len: int = 4096
+    # vLLM's tensor parallelism. The colocated engine shares the trainer's GPUs, so it can
+    # be at most distributed.nproc; above 1, weights reach the engine's workers as CPU copies
+    # (not yet run on a device: issue 14).
+    tensor_parallel_size: int = Field(1, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -85,18 +97,33 @@ class EnvConfig(_Strict):
     # Run the rollouts on the sandgym nodes of this Ray cluster (sandgym.train.ray_source);
     # the inference backend must then be reachable from the nodes.
     ray_address: str | None = None
-    # A rollout whose turn i prompt does not extend turn i-1's tokens (chat template
-    # re-rendering): stop the run ("error") or drop that rollout and count it ("skip").
-    on_prefix_mismatch: Literal["error", "skip"] = "error"
+    # Sandboxes made ready when a step's rollouts start; with an environment that reuses
+    # sandboxes (reset between rollouts, where the provider can) they are handed from rollout
+    # to rollout instead of made anew each time.
+    warm_sandboxes: int = Field(0, ge=0)
+    # Turn i's prompt was sent as token ids extending turn i-1 (token-in, core/tokens.py),
+    # where the server allows it; off: every turn is sent as messages and rendered by the server.
+    token_in: bool = True
+    # A rollout whose turn i prompt does not extend turn i-1's tokens (a server that
+    # re-rendered the chat; cannot happen with token-in unless a server changes ids): stop
+    # the run ("error"), drop that rollout and count it ("skip"), or train it as one sequence
+    # per run of extending turns ("split": each sequence is what the model saw).
+    on_prefix_mismatch: Literal["error", "skip", "split"] = "error"
 
 
 class RolloutConfig(_Strict):
-    prompts_per_step: int = Field(4, gt=0)
+    prompts_per_step: int = Field(4, gt=0)  # groups per optimizer step
     group_size: int = Field(8, gt=1)
     max_tokens: int = Field(64, gt=0)
     temperature: float = 1.0
     top_p: float = 1.0
-    max_concurrent: int = Field(64, gt=0)
+    max_concurrent: int = Field(64, gt=0)  # rollouts in flight
+    # DAPO's dynamic sampling: a group whose valid rollouts all have the same reward (or
+    # fewer than 2 valid rollouts) teaches nothing; drop it and generate another.
+    dynamic_sampling: bool = False
+    # At most this many times prompts_per_step groups are examined for one step (dropped
+    # groups included); past it the step trains on the groups it has.
+    max_groups_factor: float = Field(3.0, ge=1.0)
 
 
 class OptimConfig(_Strict):
@@ -109,8 +136,29 @@ class OptimConfig(_Strict):
     micro_batch_tokens: int = Field(4096, gt=0)  # packing budget; micro-batches accumulate
     num_iterations: int = Field(1, gt=0)  # optimizer passes over each batch (GRPO's mu)
     seed: int = 0
-    # Overlap generation of step n+1 with training of step n (staleness <= 1).
-    overlap: bool = False
+    # How many steps rollout generation may run ahead of training: 0 = synchronous
+    # (generate, then train); k > 0 = the groups of step n start generating as soon as the
+    # weights of step n - k are served, and keep going while the trainer trains.
+    async_level: int = Field(0, ge=0)
+    # A group sampled by weights more than this many optimizer steps older than the ones
+    # being trained is dropped (counted in `stale_groups_dropped`) and replaced.
+    max_off_policy_steps: int = Field(2, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "overlap" in data:
+            raise ConfigError("optim.overlap was replaced by optim.async_level (overlap = true is async_level = 1)")
+        return data
+
+
+class DistributedConfig(_Strict):
+    # Trainer processes (FSDP2 data-parallel, parameters sharded). `sandgym train --nproc N`
+    # or torchrun's WORLD_SIZE set it; rank 0 also runs the inference backend and rollouts.
+    nproc: int = Field(1, gt=0)
+    # Collective backend: auto = nccl on CUDA, gloo on CPU.
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    timeout_s: float = Field(1800.0, gt=0)
 
 
 class OutputConfig(_Strict):
@@ -129,7 +177,56 @@ class TrainConfig(_Strict):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+
+    @model_validator(mode="after")
+    def _compatible(self) -> "TrainConfig":
+        """Combinations that cannot work, refused before anything is built."""
+        b, o, d = self.backend, self.optim, self.distributed
+        level = o.async_level
+        if level > 0 and b.share_weights is True:
+            raise ConfigError(
+                f"backend.share_weights = true cannot be combined with optim.async_level = {level}: generation "
+                "goes on while the optimizer changes the shared weights; leave it unset (a copy is served)"
+            )
+        if level > 0 and b.kind == "vllm" and b.sleep_during_training is True:
+            raise ConfigError(
+                f"backend.sleep_during_training = true cannot be combined with optim.async_level = {level}: an "
+                "asleep engine cannot generate while the trainer trains; leave it unset or false"
+            )
+        if o.max_off_policy_steps < level:
+            raise ConfigError(
+                f"optim.max_off_policy_steps ({o.max_off_policy_steps}) must be at least optim.async_level "
+                f"({level}): groups generated that far ahead would all be dropped as stale"
+            )
+        if d.nproc > 1 and b.share_weights is True:
+            raise ConfigError(
+                f"backend.share_weights = true cannot be combined with distributed.nproc = {d.nproc}: the trainer's "
+                "weights are sharded across processes; leave it unset (rank 0 serves a gathered copy)"
+            )
+        if b.tensor_parallel_size > 1 and b.kind == "hf":
+            raise ConfigError("backend.tensor_parallel_size > 1 needs backend.kind = 'vllm' (the transformers backend has none)")
+        if b.tensor_parallel_size > d.nproc:
+            raise ConfigError(
+                f"backend.tensor_parallel_size ({b.tensor_parallel_size}) must be at most distributed.nproc ({d.nproc}): "
+                "the colocated engine runs on the trainer processes' GPUs"
+            )
+        if b.kind == "vllm" and self.model.device == "cpu":
+            raise ConfigError("backend.kind = 'vllm' needs a CUDA device, but model.device = 'cpu'; use backend.kind = 'hf'")
+        if d.backend == "nccl" and self.model.device == "cpu":
+            raise ConfigError("distributed.backend = 'nccl' needs CUDA, but model.device = 'cpu'; use 'gloo' or 'auto'")
+        return self
+
+    def hf_share_weights(self) -> bool:
+        """backend.share_weights as it applies to this run."""
+        b = self.backend.share_weights
+        return (self.optim.async_level == 0 and self.distributed.nproc == 1) if b is None else b
+
+    def vllm_sleeps(self) -> bool:
+        """backend.sleep_during_training as it applies to this run."""
+        s = self.backend.sleep_during_training
+        return self.optim.async_level == 0 if s is None else s
 
     @classmethod
     def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> "TrainConfig":
@@ -145,7 +242,14 @@ class TrainConfig(_Strict):
         base = p.resolve().parent
         if not Path(cfg.output.dir).is_absolute():
             cfg.output.dir = str((base / cfg.output.dir).resolve())
-        mp = cfg.model.name_or_path
-        if mp != "tiny" and (mp.startswith(".") or "/" not in mp) and (base / mp).exists():
-            cfg.model.name_or_path = str(base / mp)
+        resolve_model_paths(cfg.model, base)
         return cfg
+
+
+def resolve_model_paths(model: ModelConfig, base: Path) -> None:
+    """Relative model folders and `init_from` are relative to the config file's folder."""
+    mp = model.name_or_path
+    if mp != "tiny" and (mp.startswith(".") or "/" not in mp) and (base / mp).exists():
+        model.name_or_path = str(base / mp)
+    if model.init_from is not None and not Path(model.init_from).is_absolute():
+        model.init_from = str((base / model.init_from).resolve())

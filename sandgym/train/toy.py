@@ -13,10 +13,13 @@ turn 1's prompt + completion + environment tokens: the token contract the traine
 from __future__ import annotations
 
 import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 
+from sandgym.core.failures import classify
 from sandgym.core.state import State, Turn, TurnTokens
 from sandgym.train.config import ToyTaskConfig
 
@@ -67,7 +70,12 @@ class ToyTask:
                         prompt=[{"role": "user", "content": str(p_ids)}],
                         completion={"role": "assistant", "content": ch.text},
                         env_response=[{"role": "user", "content": str(env_tokens)}] if env_tokens else [],
-                        tokens=TurnTokens(prompt_ids=p_ids, completion_ids=c_ids, completion_logprobs=lps),
+                        tokens=TurnTokens(
+                            prompt_ids=p_ids,
+                            completion_ids=c_ids,
+                            completion_logprobs=lps,
+                            policy_version=extra.get("policy_version"),
+                        ),
                         finish_reason=ch.finish_reason,
                     )
                 )
@@ -77,8 +85,16 @@ class ToyTask:
             state.metrics["completion_tokens"] = float(len(generated))
             state.stop_reason = "max_turns"
         except Exception as exc:  # a failed rollout is marked, never the run
-            state.error = f"{type(exc).__name__}: {exc}"
+            import openai
+
+            # The model server failed (after the client's retries) or answered unusably.
+            model_failure = isinstance(exc, (openai.APIError, KeyError))
+            state.fail(f"{type(exc).__name__}: {exc}", "model" if model_failure else classify(exc))
         return state
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[None]:
+        yield  # nothing lives across steps
 
     async def generate_groups(
         self, base_url: str, model: str, start: int, count: int, group_size: int, sampling: dict[str, Any], max_concurrent: int

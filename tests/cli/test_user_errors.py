@@ -48,6 +48,10 @@ CASES = [
     (["train", "{tmp}/bad_value.toml"], "optim.lr: Input should be a valid number"),
     (["train", "examples/toy.toml", "--set", "optim.nope=3"], "optim.nope: Extra inputs are not permitted"),
     (["train", "{tmp}/missing.toml"], "missing.toml' does not exist"),
+    (
+        ["train", "examples/toy.toml", "--nproc", "2", "--set", "optim.async_level=1", "--set", "backend.share_weights=true"],
+        "toy.toml: backend.share_weights = true cannot be combined with optim.async_level = 1",
+    ),
     (["swe", "debug", "{tmp}/missing.jsonl"], "cannot load tasks"),
     (["swe", "debug", "bundled", "--step", "bogus"], "unknown step 'bogus'"),
     (["swe", "debug", "bundled", "--provider", "nope"], "unknown provider 'nope'"),

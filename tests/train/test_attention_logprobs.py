@@ -36,13 +36,17 @@ def test_cpu_kernel_selection() -> None:
         pick_kernel("cpu", "torch_varlen")
 
 
-def test_varlen_sdpa_matches_naive_loops_with_gqa() -> None:
+# [0, 5, 6, 13]: lengths close enough for one padded batched call; [0, 1, 2, 22]: one long
+# sequence, so the per-sequence loop.
+@pytest.mark.parametrize("cu", [[0, 5, 6, 13], [0, 1, 2, 22]])
+def test_varlen_sdpa_matches_naive_loops_with_gqa(cu: list[int]) -> None:
     g = torch.Generator().manual_seed(0)
-    cu = [0, 5, 6, 13]
-    q = torch.randn(13, 4, 8, generator=g)
-    k = torch.randn(13, 2, 8, generator=g)
-    v = torch.randn(13, 2, 8, generator=g)
-    out = varlen_causal_attention(q, k, v, torch.tensor(cu, dtype=torch.int32), 7, kernel="sdpa")
+    t = cu[-1]
+    q = torch.randn(t, 4, 8, generator=g)
+    k = torch.randn(t, 2, 8, generator=g)
+    v = torch.randn(t, 2, 8, generator=g)
+    width = max(b - a for a, b in zip(cu, cu[1:]))
+    out = varlen_causal_attention(q, k, v, torch.tensor(cu, dtype=torch.int32), width, kernel="sdpa")
     ref = _naive_attention(q, k, v, cu)
     assert float((out.double() - ref).norm() / ref.norm()) < 1e-5
 

@@ -123,3 +123,29 @@ def test_pack_splits_over_budget() -> None:
     assert len(mbs) == 2
     assert all(mb.num_tokens <= 16 for mb in mbs)
     assert sorted(i for mb in mbs for i in mb.seq_indices) == [0, 1, 2]
+
+
+def test_split_on_mismatch_starts_a_sequence_where_the_context_changed() -> None:
+    from sandgym.train.batch import state_to_branches
+
+    st = _three_turn_state()
+    # Turn 2 was rendered from messages by a template that dropped turn 1's completion (12):
+    # the model saw [.., 5, 6] there, not [.., 5, 12, 6].
+    st.turns[2].tokens.prompt_ids = [1, 2, 3, 10, 11, 4, 5, 6]  # type: ignore[union-attr]
+    with pytest.raises(PrefixMismatchError, match="sent as messages.*re-rendered"):
+        state_to_sequence(st)
+    first, second = state_to_branches(st)
+    assert first.input_ids == [1, 2, 3, 10, 11, 4, 5, 12] and first.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1]
+    # The second sequence is turn 2's own prompt (what the model saw) + its completion.
+    assert second.input_ids == [1, 2, 3, 10, 11, 4, 5, 6, 13, 14, 15] and second.num_loss_tokens == 3
+    assert first.advantage == second.advantage == 0.5
+    assert len(states_to_sequences([st], split_on_mismatch=True)) == 2
+    assert [len(state_to_branches(_three_turn_state()))] == [1]  # extending turns: one sequence
+
+
+def test_mismatch_on_a_token_in_turn_blames_the_server() -> None:
+    st = _three_turn_state()
+    st.turns[2].token_in = True
+    st.turns[2].tokens.prompt_ids[7] = 99  # type: ignore[union-attr]
+    with pytest.raises(PrefixMismatchError, match="turn 2 .*sent as token ids.*server changed the ids"):
+        state_to_sequence(st)

@@ -12,8 +12,9 @@ HTTP stack.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Union, runtime_checkable
 
 import torch
 
@@ -33,6 +34,19 @@ class GenResult:
     completion_ids: list[int]
     logprobs: list[float]  # the sampled tokens' raw (temperature 1) logprobs
     finish_reason: str  # "stop" | "length"
+    # The weights that produced it: the number of optimizer steps applied to them (the
+    # server returns it as `policy_version` on each choice; None where unknown).
+    policy_version: int | None = None
+
+
+# What update_weights takes: the trainer's module, or a full (unsharded) state dict, e.g. the
+# one rank 0 gathers from an FSDP2-sharded model.
+Weights = Union[torch.nn.Module, Mapping[str, torch.Tensor]]
+
+
+def state_of(weights: Weights) -> Mapping[str, torch.Tensor]:
+    """The tensors of `weights` by name (a module's state dict, tied tensors under each name)."""
+    return weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
 
 
 @runtime_checkable
@@ -50,19 +64,33 @@ class InferenceEngine(Protocol):
 @runtime_checkable
 class InferenceBackend(Protocol):
     """What the trainer drives: start, generation through `base_url`, a weight push after
-    each optimizer step, sleep around training, close."""
+    each optimizer step, sleep around training, close.
+
+    Weight updates and in-flight generation: the engine generates one batch of requests at a
+    time under its lock; `update_weights` takes that lock, so it waits for the batch being
+    decoded, swaps the weights, and the requests queued meanwhile run on the new ones. A
+    multi-turn rollout is never stopped: its later turns may come from newer weights, and
+    every response says which (`GenResult.policy_version`)."""
 
     name: str  # "hf" or "vllm"
     model_name: str  # what clients pass as `model`
+    weights_version: int  # the policy version being served (optimizer steps applied)
 
     @property
     def base_url(self) -> str:  # e.g. http://127.0.0.1:PORT/v1
         ...
 
+    @property
+    def can_update_in_flight(self) -> bool:
+        """Whether weights can be pushed while generation goes on (asynchronous training):
+        false where the engine serves the trainer's own tensors, or sleeps during training."""
+        ...
+
     def start(self) -> None: ...
 
-    def update_weights(self, model: torch.nn.Module) -> None:
-        """Make the served model equal to the trainer's `model` (called after each step)."""
+    def update_weights(self, weights: Weights, version: int | None = None) -> None:
+        """Make the served model equal to `weights` (the trainer's module or a full state
+        dict), now policy version `version` (default: the previous one + 1)."""
         ...
 
     def sleep(self) -> None:

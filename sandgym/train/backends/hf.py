@@ -3,8 +3,16 @@ behind an OpenAI-compatible server on 127.0.0.1 (openai_server.OpenAIServer).
 
 The engine shares the trainer's model object by default (`share_weights=True`), so new
 weights are served as soon as the optimizer steps; with `share_weights=False` it keeps its own
-copy and `update_weights` copies the trainer's state into it (what bounded-staleness overlap
-needs: generation on version n while training produces n+1).
+copy and `update_weights` copies the trainer's state (a module or a full state dict) into it:
+what asynchronous training needs (generation on version n while training produces n+1), and
+what an FSDP2-sharded trainer needs (rank 0 gathers the full state dict and pushes it).
+
+"In flight" for this engine: one `generate` call decodes a batch of requests to the end
+under the engine lock. A weight update made while a batch is being decoded does not wait for
+it: the new tensors are copied aside (`HFEngine.stage`) and loaded under the lock before the
+next batch, so the batch in progress finishes on the old weights and requests queued
+meanwhile, including later turns of multi-turn rollouts, run on the new ones. Each result
+carries the policy version it was decoded with. Nothing is aborted or re-decoded.
 """
 
 from __future__ import annotations
@@ -12,11 +20,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from sandgym.train.backends.base import GenRequest, GenResult
+from sandgym.train.backends.base import GenRequest, GenResult, Weights, state_of
 from sandgym.train.backends.openai_server import OpenAIServer
 
 
@@ -37,6 +46,11 @@ class HFEngine:
         self.autocast_dtype = autocast_dtype
         self.max_batch_size = max_batch_size
         self.lock = threading.Lock()  # held while generating or while weights change
+        self.policy_version = 0  # of the weights served; changed under `lock`
+        # Weights staged while a batch was being decoded: (state, version), loaded before the
+        # next batch. Guarded by `_staged_lock` (never held while decoding).
+        self._staged: tuple[dict[str, torch.Tensor], int] | None = None
+        self._staged_lock = threading.Lock()
         eos = set()
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(int(tokenizer.eos_token_id))
@@ -48,12 +62,45 @@ class HFEngine:
         pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
         self.pad_id = int(pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0))
 
+    @property
+    def vocab_size(self) -> int:
+        """Ids the model accepts (its embedding rows; may exceed the tokenizer's)."""
+        return int(self.model.config.vocab_size)
+
     def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
         out: list[GenResult] = []
         for s in range(0, len(reqs), self.max_batch_size):
             with self.lock:
-                out.extend(self._generate(reqs[s : s + self.max_batch_size]))
+                self.apply_staged()
+                res = self._generate(reqs[s : s + self.max_batch_size])
+                for r in res:
+                    r.policy_version = self.policy_version
+                out.extend(res)
         return out
+
+    def load(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load `state` now (the caller holds `lock`); drops anything staged before."""
+        with self._staged_lock:
+            self._staged = None
+        with torch.no_grad():
+            self.model.load_state_dict(dict(state), strict=True)
+        self.policy_version = version
+
+    def stage(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Keep a copy of `state` to load before the next batch (the current one keeps
+        decoding on the weights it started with)."""
+        copy_ = {k: v.detach().to(self.device, copy=True) for k, v in state.items()}
+        with self._staged_lock:
+            self._staged = (copy_, version)
+
+    def apply_staged(self) -> None:
+        """Load the staged weights, if any (the caller holds `lock`)."""
+        with self._staged_lock:
+            staged, self._staged = self._staged, None
+        if staged is not None:
+            with torch.no_grad():
+                self.model.load_state_dict(staged[0], strict=True)
+            self.policy_version = staged[1]
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.autocast_dtype is None:
@@ -171,14 +218,34 @@ class HFBackend:
     def base_url(self) -> str:
         return self.server.base_url
 
+    @property
+    def can_update_in_flight(self) -> bool:
+        # A shared model changes under the optimizer mid-decode; a copy changes only under
+        # the engine lock, between batches.
+        return not self.share_weights
+
     def start(self) -> None:
         self.server.start()
 
-    def update_weights(self, model: torch.nn.Module) -> None:
-        if not self.share_weights:
-            with self.engine.lock, torch.no_grad():
-                self.engine.model.load_state_dict(model.state_dict())
-        self.weights_version += 1
+    def update_weights(self, weights: Weights, version: int | None = None) -> None:
+        """Serve `weights` as `version`: at once when the engine is idle; while it decodes a
+        batch, staged (copied) and loaded before the next batch, without waiting."""
+        v = self.weights_version + 1 if version is None else int(version)
+        if self.share_weights:
+            if weights is not self.engine.model:
+                # The served model is the trainer's own: anything else means its weights live
+                # elsewhere (a sharded model, a state dict) and would never be served.
+                raise ValueError("share_weights=True serves the trainer's model object; pass that module")
+            with self.engine.lock:
+                self.engine.policy_version = v
+        elif self.engine.lock.acquire(blocking=False):
+            try:
+                self.engine.load(state_of(weights), v)
+            finally:
+                self.engine.lock.release()
+        else:
+            self.engine.stage(state_of(weights), v)
+        self.weights_version = v
 
     def sleep(self) -> None:  # the engine holds no memory beyond the (shared) weights
         pass

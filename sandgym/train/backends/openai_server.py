@@ -3,7 +3,10 @@
 It answers `/v1/chat/completions` and `/v1/completions` the way vLLM does when asked for token
 ids (`return_token_ids`: `prompt_token_ids` on the response, `token_ids` on each choice;
 `logprobs.content[*].logprob` per generated token, tokens as "token_id:N" when
-`return_tokens_as_token_ids`). Logprobs are the engine's raw (temperature 1) log-softmax of
+`return_tokens_as_token_ids`), and `policy_version` on each choice: which weights produced it
+(the trainer's optimizer steps, for asynchronous training); `/tokenize` as vLLM does; and
+prime-rl's token-in route `/v1/chat/completions/tokens` (a chat request whose `tokens` field is
+the prompt, generated from as given: core/tokens.py). Logprobs are the engine's raw (temperature 1) log-softmax of
 the sampled token, as vLLM's default `raw_logprobs` mode reports. Chats are rendered with the
 engine's tokenizer's chat template; Hermes-style tool calls in the output become `tool_calls`.
 
@@ -159,22 +162,39 @@ def build_app(engine: InferenceEngine, model_name: str, batcher: RequestBatcher)
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> dict[str, Any]:
-        body = await request.json()
-        if body.get("stream"):
-            raise HTTPException(400, "stream is not supported by this server")
+    def render_chat(body: dict[str, Any], add_generation_prompt: bool = True) -> list[int]:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise HTTPException(400, "messages must be a non-empty list")
-        kwargs: dict[str, Any] = {"add_generation_prompt": True, "tokenize": False}
+        kwargs: dict[str, Any] = {"add_generation_prompt": add_generation_prompt, "tokenize": False}
         if body.get("tools"):
             kwargs["tools"] = body["tools"]
+        extra = body.get("chat_template_kwargs") or {}
+        if not isinstance(extra, dict):
+            raise HTTPException(400, "chat_template_kwargs must be an object")
         try:
-            text = tok.apply_chat_template(messages, **kwargs)
+            text = tok.apply_chat_template(messages, **{**extra, **kwargs})
         except Exception as exc:
             raise HTTPException(400, f"chat template failed: {exc}") from exc
-        prompt_ids = tok(text, add_special_tokens=False)["input_ids"]
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    # The model's vocabulary can be larger than the tokenizer's (rounded-up embeddings): a
+    # sampled id the tokenizer lacks is still a valid prompt id. Engines without `vocab_size`
+    # check ids themselves (vLLM does).
+    vocab = int(getattr(engine, "vocab_size", 0) or 0) or None
+
+    def prompt_tokens(body: dict[str, Any]) -> list[int]:
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise HTTPException(400, "tokens must be a non-empty list of integer token ids")
+        bad = [t for t in ids if t < 0 or (vocab is not None and t >= vocab)]
+        if bad:
+            raise HTTPException(400, f"tokens holds ids outside the vocabulary [0, {vocab or '...'}): {bad[:5]}")
+        return ids
+
+    async def chat_response(body: dict[str, Any], prompt_ids: list[int]) -> dict[str, Any]:
+        if body.get("stream"):
+            raise HTTPException(400, "stream is not supported by this server")
         n = int(body.get("n") or 1)
         results = await run([GenRequest(prompt_ids=list(prompt_ids), **sampling(body)) for _ in range(n)])
         as_ids = bool(body.get("return_tokens_as_token_ids"))
@@ -201,6 +221,7 @@ def build_app(engine: InferenceEngine, model_name: str, batcher: RequestBatcher)
                     else None
                 ),
                 "token_ids": list(r.completion_ids),
+                "policy_version": r.policy_version,
             }
             choices.append(choice)
         return {
@@ -212,6 +233,33 @@ def build_app(engine: InferenceEngine, model_name: str, batcher: RequestBatcher)
             "prompt_token_ids": list(prompt_ids),
             "usage": usage(len(prompt_ids), sum(len(r.completion_ids) for r in results)),
         }
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        if body.get("stream"):
+            raise HTTPException(400, "stream is not supported by this server")
+        return await chat_response(body, render_chat(body))
+
+    @app.post("/v1/chat/completions/tokens")
+    async def chat_tokens(request: Request) -> dict[str, Any]:
+        """prime-rl's token-in route: a chat request whose `tokens` are the prompt, used as
+        given (`messages` and `tools` are not rendered; tool calls are parsed from the output)."""
+        body = await request.json()
+        return await chat_response(body, prompt_tokens(body))
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        """vLLM's /tokenize: a chat (`messages`, `tools`, `add_generation_prompt` default true,
+        `chat_template_kwargs`) or a `prompt` string, to token ids."""
+        body = await request.json()
+        if "messages" in body:
+            ids = render_chat(body, bool(body.get("add_generation_prompt", True)))
+        elif isinstance(body.get("prompt"), str):
+            ids = list(tok(body["prompt"], add_special_tokens=bool(body.get("add_special_tokens", True)))["input_ids"])
+        else:
+            raise HTTPException(400, "give messages (a chat) or prompt (a string)")
+        return {"count": len(ids), "max_model_len": int(getattr(tok, "model_max_length", 0) or 0), "tokens": ids}
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> dict[str, Any]:
@@ -253,6 +301,7 @@ def build_app(engine: InferenceEngine, model_name: str, batcher: RequestBatcher)
                     ),
                     "prompt_token_ids": list(rq.prompt_ids),
                     "token_ids": list(r.completion_ids),
+                    "policy_version": r.policy_version,
                 }
             )
         return {

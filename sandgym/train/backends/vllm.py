@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from sandgym.train.backends.base import GenRequest, GenResult
+from sandgym.train.backends.base import GenRequest, GenResult, Weights
 from sandgym.train.backends.openai_server import OpenAIServer
 
 log = logging.getLogger(__name__)
@@ -80,13 +80,17 @@ def require_vllm() -> None:
 # ---- weights ---------------------------------------------------------------------------------
 
 
-def engine_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+def engine_weights(model: Weights, to_cpu: bool = False) -> list[tuple[str, torch.Tensor]]:
     """The trainer's parameters as (Hugging Face name, tensor) for the engine's `load_weights`.
 
-    `named_parameters` lists a tied tensor once (no `lm_head.weight` when embeddings are tied;
-    vLLM's model shares it too). The tensors are the trainer's own (detached, no copy): the
-    engine's loader copies them into its buffers with the dtype cast (float32 -> bf16)."""
-    return [(n, p.detach()) for n, p in model.named_parameters()]
+    From a module, `named_parameters` lists a tied tensor once (no `lm_head.weight` when
+    embeddings are tied; vLLM's model shares it too). From a full state dict (an FSDP2 rank 0
+    gather) every name is passed; vLLM's loaders skip `lm_head.*` of tied models. The tensors
+    are the trainer's own (detached, no copy) unless `to_cpu` (what goes to tensor-parallel
+    workers in other processes): the engine's loader copies them into its buffers with the
+    dtype cast (float32 -> bf16)."""
+    items = model.named_parameters() if isinstance(model, torch.nn.Module) else model.items()
+    return [(n, p.detach().cpu() if to_cpu else p.detach()) for n, p in items]
 
 
 def load_into(engine_model: Any, weights: list[tuple[str, torch.Tensor]]) -> int:
@@ -123,6 +127,7 @@ class VLLMEngine:
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size  # the server's batch size
         self.lock = threading.Lock()  # held while generating, sleeping, waking, loading weights
+        self.policy_version = 0  # of the weights served; changed under `lock`
 
     @staticmethod
     def _params(r: GenRequest) -> Any:
@@ -153,6 +158,7 @@ class VLLMEngine:
         params: Any = self._params(reqs[0]) if len(keys) == 1 else [self._params(r) for r in reqs]
         with self.lock:
             outs = self.llm.generate(prompts, params, use_tqdm=False)
+            version = self.policy_version
         results = []
         for o in outs:
             c = o.outputs[0]
@@ -162,6 +168,7 @@ class VLLMEngine:
                     completion_ids=ids,
                     logprobs=sampled_logprobs(ids, c.logprobs),
                     finish_reason="length" if c.finish_reason == "length" else "stop",
+                    policy_version=version,
                 )
             )
         return results
@@ -201,6 +208,7 @@ class VLLMBackend:
         max_num_seqs: int = 256,
         enforce_eager: bool = False,
         seed: int = 0,
+        tensor_parallel_size: int = 1,
     ) -> None:
         self.model_path = model_path
         self.tokenizer = tokenizer
@@ -214,6 +222,7 @@ class VLLMBackend:
         self.max_num_seqs = max_num_seqs
         self.enforce_eager = enforce_eager
         self.seed = seed
+        self.tensor_parallel_size = tensor_parallel_size
         self.llm: Any = None
         self.engine: VLLMEngine | None = None
         self.asleep = False
@@ -231,10 +240,11 @@ class VLLMBackend:
             tokenizer,
             gpu_memory_utilization=cfg.backend.gpu_memory_utilization,
             max_model_len=cfg.backend.max_model_len,
-            sleep_during_training=cfg.backend.sleep_during_training,
+            sleep_during_training=cfg.vllm_sleeps(),
             max_batch_size=cfg.backend.max_batch_size,
             max_num_seqs=max(256, cfg.backend.max_batch_size, cfg.rollout.prompts_per_step * cfg.rollout.group_size),
             seed=cfg.optim.seed,
+            tensor_parallel_size=cfg.backend.tensor_parallel_size,
         )
         if path == "tiny":  # vLLM loads from disk: write the trainer's initial weights
             b._tmp = tempfile.TemporaryDirectory(prefix="sandgym-vllm-")
@@ -249,9 +259,17 @@ class VLLMBackend:
             raise RuntimeError("the vLLM backend is not started")
         return self.server.base_url
 
+    @property
+    def can_update_in_flight(self) -> bool:
+        # Generation goes on during training only while the engine is awake; an update then
+        # waits for the engine batch in progress (the engine lock), loads, and the next batch
+        # runs on the new weights: vLLM's pause -> update -> resume at batch granularity.
+        return not self.sleep_during_training
+
     def engine_kwargs(self) -> dict[str, Any]:
-        """What `vllm.LLM` is constructed with (the arguments run on the device)."""
-        return dict(
+        """What `vllm.LLM` is constructed with (the arguments run on the device; the
+        tensor-parallel size only when above 1, which has not been run there yet)."""
+        kw: dict[str, Any] = dict(
             model=str(self.model_path),
             dtype="bfloat16",
             enable_sleep_mode=True,
@@ -261,10 +279,15 @@ class VLLMBackend:
             max_num_seqs=self.max_num_seqs,
             enforce_eager=self.enforce_eager,
         )
+        if self.tensor_parallel_size > 1:
+            kw["tensor_parallel_size"] = self.tensor_parallel_size
+        return kw
 
     def start(self) -> None:
         require_vllm()
         engine_env()
+        if self.tensor_parallel_size > 1:
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model to TP workers
         from vllm import LLM
 
         # No in-process retry on failure: a second LLM in the same process fails with "CuMem
@@ -272,20 +295,26 @@ class VLLMBackend:
         self.llm = LLM(**self.engine_kwargs())
         self.asleep = False
         self.engine = VLLMEngine(self.llm, self.tokenizer, self.max_batch_size)
+        self.engine.policy_version = self.weights_version
         self.server = OpenAIServer(self.engine, self.model_name)
         self.server.start()
 
     def _lock(self) -> Any:
         return self.engine.lock if self.engine is not None else contextlib.nullcontext()
 
-    def update_weights(self, model: torch.nn.Module) -> None:
+    def update_weights(self, weights: Weights, version: int | None = None) -> None:
         if self.llm is None:
             raise RuntimeError("the vLLM backend is not started")
-        weights = engine_weights(model)
+        v = self.weights_version + 1 if version is None else int(version)
+        # Tensor-parallel workers are other processes: `apply_model` pickles the function
+        # and its tensors to each (VLLM_ALLOW_INSECURE_SERIALIZATION, set in start()), so the
+        # tensors go as CPU copies; each worker's load_weights keeps its own shard. Not yet
+        # run on a device (issue 14).
+        named = engine_weights(weights, to_cpu=self.tensor_parallel_size > 1)
         self.wake()
         t0 = time.perf_counter()
         with self._lock(), torch.no_grad():
-            res = self.llm.apply_model(lambda m: load_into(m, weights))
+            res = self.llm.apply_model(lambda m: load_into(m, named))
             n = res[0] if isinstance(res, list) and res else res
             # Cached KV came from the old weights. Recorded as returned (True/False, or None
             # where this vLLM returns nothing); a failure is logged, the new weights stay loaded.
@@ -296,12 +325,14 @@ class VLLMBackend:
                 reset = f"failed: {type(e).__name__}: {e}"
             if reset is False or isinstance(reset, str):
                 log.warning("vLLM prefix cache not reset after a weight update (%s): stale KV may be served", reset)
+            if self.engine is not None:
+                self.engine.policy_version = v
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        self.weights_version += 1
+        self.weights_version = v
         self.last_update = {
             "engine_params_loaded": n,
-            "trainer_tensors": len(weights),
+            "trainer_tensors": len(named),
             "seconds": time.perf_counter() - t0,
             "prefix_cache_reset": reset,
             "version": self.weights_version,

@@ -1,0 +1,73 @@
+"""`sandgym sft CONFIG.toml`: supervised fine-tuning on rollout records (a warm start for
+`sandgym train`; sandgym.train.sft)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("sft")
+    def sft(
+        config: Path = typer.Argument(..., exists=True, dir_okay=False, help="TOML SFT config"),
+        steps: Optional[int] = typer.Option(None, help="override optim.steps"),
+        output: Optional[Path] = typer.Option(None, help="override output.dir"),
+        set_: list[str] = typer.Option([], "--set", help="override any field: section.key=JSON value"),
+        verbose: bool = typer.Option(False, "-v", help="log at INFO; show the traceback of an error"),
+    ) -> None:
+        """Fine-tune a policy on `sandgym eval` records (results.jsonl): assistant tokens only."""
+        import tomllib
+
+        from pydantic import ValidationError
+        from rich.console import Console
+        from rich.logging import RichHandler
+
+        from sandgym.cli.errors import format_validation_error, show_tracebacks
+        from sandgym.errors import UserError
+        from sandgym.train.sft import SFTConfig, SFTTrainer
+
+        show_tracebacks(verbose)
+        console = Console()
+        logging.basicConfig(
+            level=logging.INFO if verbose else logging.WARNING, handlers=[RichHandler(console=console)], format="%(message)s"
+        )
+        overrides: dict[str, object] = {}
+        for item in set_:
+            key, _, raw = item.partition("=")
+            try:
+                overrides[key] = json.loads(raw)
+            except json.JSONDecodeError:
+                overrides[key] = raw
+        if steps is not None:
+            overrides["optim.steps"] = steps
+        if output is not None:
+            overrides["output.dir"] = str(output.resolve())
+        try:
+            cfg = SFTConfig.from_toml(config, overrides)
+        except tomllib.TOMLDecodeError as exc:
+            raise UserError(f"{config}: malformed TOML: {exc}") from exc
+        except ValidationError as exc:
+            raise UserError(f"{config}: {format_validation_error(exc)}") from exc
+
+        every = max(1, cfg.optim.steps // 20)
+
+        def show(m: dict[str, float]) -> None:
+            step = int(m["step"])
+            if step == 1 or step % every == 0 or step == cfg.optim.steps:
+                console.print(
+                    f"step {step:4d}  loss [bold green]{m['loss']:.4f}[/]  tokens {int(m['loss_tokens'])}/{int(m['train_tokens'])}  "
+                    f"grad {m['grad_norm']:.2f}  lr {m['lr']:.2e}  {m['train_s']:.2f}s"
+                )
+
+        trainer = SFTTrainer(cfg, on_step=show)
+        console.print(
+            f"[bold]sandgym sft[/] model={cfg.model.name_or_path} records={len(trainer.sequences)} "
+            f"steps={cfg.optim.steps} batch={cfg.optim.batch_size} device={trainer.device} out={trainer.out}"
+        )
+        hist = trainer.run()
+        console.print(f"done: loss {hist[0]['loss']:.4f} -> {hist[-1]['loss']:.4f}; checkpoint {trainer.checkpoint}")

@@ -1,0 +1,254 @@
+"""Supervised fine-tuning on rollout records (`sandgym sft CONFIG.toml`): a warm start for GRPO.
+
+Data: JSONL files in the format `sandgym eval` writes (one State per line: prompt, tool
+schemas, turns with messages and, from a model server, token ids). Records that failed
+(`error`) or scored below `data.min_reward` are left out. Each record becomes one sequence
+(trajectory.record_to_sequence): token ids when the record has them, else its text rendered
+with the model's chat template in the token-in layout that RL rollouts have. Only the
+assistant's completion tokens are trained: prompts, tool results and template glue have loss
+mask 0 and get no gradient.
+
+Loss: the mean negative log-likelihood over the step's completion tokens (token-mean across
+the batch, so gradient accumulation over packed micro-batches equals one big batch).
+
+Output folder: metrics.jsonl (one line per step), checkpoints/step_NNNNNN/trainer_state.pt
+(model, optimizer, step, config): what `[model] init_from` of `sandgym train` reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import shutil
+import time
+import tomllib
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sandgym.errors import UserError
+from sandgym.train.batch import MicroBatch, Sequence, pack
+from sandgym.train.config import ModelConfig, resolve_model_paths
+from sandgym.train.logprobs import packed_logprobs
+
+log = logging.getLogger(__name__)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SFTDataConfig(_Strict):
+    # Record files (results.jsonl from `sandgym eval`), or run folders holding one.
+    paths: list[str] = Field(min_length=1)
+    min_reward: float = 1.0  # keep records that scored at least this (and did not fail)
+    max_records: int | None = Field(None, gt=0)
+
+    @field_validator("paths", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+
+class SFTOptimConfig(_Strict):
+    steps: int = Field(100, gt=0)
+    batch_size: int = Field(16, gt=0)  # sequences per optimizer step
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    warmup_steps: int = Field(0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    micro_batch_tokens: int = Field(8192, gt=0)
+    seed: int = 0
+
+
+class SFTOutputConfig(_Strict):
+    dir: str = "runs/sft"
+    keep_checkpoints: int = Field(1, gt=0)
+
+
+class SFTConfig(_Strict):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: SFTDataConfig
+    optim: SFTOptimConfig = Field(default_factory=SFTOptimConfig)
+    output: SFTOutputConfig = Field(default_factory=SFTOutputConfig)
+
+    @classmethod
+    def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> "SFTConfig":
+        p = Path(path)
+        data = tomllib.loads(p.read_text())
+        for dotted, value in (overrides or {}).items():
+            node = data
+            *parents, leaf = dotted.split(".")
+            for k in parents:
+                node = node.setdefault(k, {})
+            node[leaf] = value
+        cfg = cls.model_validate(data)
+        base = p.resolve().parent
+        if not Path(cfg.output.dir).is_absolute():
+            cfg.output.dir = str((base / cfg.output.dir).resolve())
+        cfg.data.paths = [str(q if Path(q).is_absolute() else (base / q).resolve()) for q in cfg.data.paths]
+        resolve_model_paths(cfg.model, base)
+        return cfg
+
+
+def read_records(cfg: SFTDataConfig) -> list[dict[str, Any]]:
+    """The records to train on, in file order."""
+    out: list[dict[str, Any]] = []
+    for raw in cfg.paths:
+        p = Path(raw)
+        if p.is_dir():
+            p = p / "results.jsonl"
+        if not p.is_file():
+            raise UserError(f"data.paths: no records file at {p}")
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{p}:{n}: not a JSON record: {exc}") from exc
+            if not isinstance(rec, dict) or "turns" not in rec:
+                raise UserError(f"{p}:{n}: not a rollout record (no turns); give results.jsonl from `sandgym eval`")
+            if rec.get("error") or float(rec.get("reward") or 0.0) < cfg.min_reward or not rec["turns"]:
+                continue
+            out.append(rec)
+    if cfg.max_records is not None:
+        out = out[: cfg.max_records]
+    if not out:
+        raise UserError(f"data: no records without errors and with reward >= {cfg.min_reward} in {', '.join(cfg.paths)}")
+    return out
+
+
+def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, total_tokens: float) -> torch.Tensor:
+    """Negative log-likelihood summed over mask-1 tokens, divided by the step's mask-1 token
+    count (so micro-batches add up to the step's token mean)."""
+    return -(logprobs * mask).sum() / max(total_tokens, 1.0)
+
+
+class SFTTrainer:
+    def __init__(self, cfg: SFTConfig, on_step: Callable[[dict[str, float]], None] | None = None) -> None:
+        from sandgym.train.attention import pick_kernel, use_varlen
+        from sandgym.train.config import TrainConfig
+        from sandgym.train.policy import autocast_dtype, resolve_device
+        from sandgym.train.trainer import load_model_and_tokenizer
+        from sandgym.train.trajectory import record_to_sequence
+
+        self.cfg = cfg
+        self.on_step = on_step
+        self.out = Path(cfg.output.dir)
+        torch.manual_seed(cfg.optim.seed)
+        self.device = resolve_device(cfg.model.device)
+        records = read_records(cfg.data)  # before any model is built: bad data stops here
+        tcfg = TrainConfig.model_validate({"model": cfg.model.model_dump(), "optim": {"seed": cfg.optim.seed}})
+        model, self.tokenizer = load_model_and_tokenizer(tcfg)
+        if cfg.model.init_from:
+            from sandgym.train.checkpoints import load_weights
+
+            load_weights(model, cfg.model.init_from, cfg.model.model_dump(mode="json"))
+        self.model = model.to(self.device)
+        self.kernel = pick_kernel(self.device, cfg.model.attention)
+        use_varlen(self.model)
+        self.amp = autocast_dtype(cfg.model, self.device)
+        self.sequences: list[Sequence] = [record_to_sequence(r, self.tokenizer) for r in records]
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps > 0 else 1.0
+        )
+        self.rng = random.Random(o.seed)
+        self.order: list[int] = []
+        self.step = 0
+
+    def next_batch(self) -> list[Sequence]:
+        """`batch_size` sequences, shuffled epochs over the data (deterministic per seed)."""
+        out = []
+        while len(out) < self.cfg.optim.batch_size:
+            if not self.order:
+                self.order = list(range(len(self.sequences)))
+                self.rng.shuffle(self.order)
+            out.append(self.sequences[self.order.pop()])
+        return out
+
+    def _logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        ctx = torch.autocast(self.device.type, dtype=self.amp) if self.amp is not None else contextlib.nullcontext()
+        with ctx:
+            lp, _ = packed_logprobs(
+                self.model,
+                mb.input_ids,
+                mb.position_ids,
+                mb.cu_seqlens,
+                mb.max_seqlen,
+                mb.targets,
+                kernel=self.kernel,
+                chunk_size=self.cfg.model.logprob_chunk_size,
+                only=mb.mask > 0,
+            )
+        return lp
+
+    def train_step(self, seqs: list[Sequence]) -> dict[str, float]:
+        t0 = time.perf_counter()
+        self.model.train()
+        mbs = [mb.to(self.device) for mb in pack(seqs, self.cfg.optim.micro_batch_tokens)]
+        total = float(sum(float(mb.mask.sum()) for mb in mbs))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for mb in mbs:
+            loss = sft_loss(self._logprobs(mb), mb.mask, total)
+            loss.backward()
+            loss_sum += float(loss.detach())
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        return {
+            "step": float(self.step),
+            "loss": loss_sum,
+            "loss_tokens": total,
+            "train_tokens": float(sum(mb.num_tokens for mb in mbs)),
+            "grad_norm": float(grad_norm),
+            "lr": float(self.scheduler.get_last_lr()[0]),
+            "train_s": time.perf_counter() - t0,
+        }
+
+    def save_checkpoint(self) -> Path:
+        root = self.out / "checkpoints"
+        root.mkdir(parents=True, exist_ok=True)
+        final = root / f"step_{self.step:06d}"
+        tmp = root / f".tmp_step_{self.step:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        torch.save(
+            {
+                "kind": "sft",
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "step": self.step,
+                "config": self.cfg.model_dump(mode="json"),
+            },
+            tmp / "trainer_state.pt",
+        )
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)  # whole or not at all
+        for old in sorted(p for p in root.glob("step_*") if p.is_dir())[: -self.cfg.output.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def run(self) -> list[dict[str, float]]:
+        self.out.mkdir(parents=True, exist_ok=True)
+        metrics = self.out / "metrics.jsonl"
+        metrics.write_text("")  # a fresh run (SFT runs are short; no resume)
+        history = []
+        with metrics.open("a") as f:
+            while self.step < self.cfg.optim.steps:
+                m = self.train_step(self.next_batch())
+                f.write(json.dumps(m) + "\n")
+                history.append(m)
+                if self.on_step is not None:
+                    self.on_step(m)
+        self.checkpoint = self.save_checkpoint()
+        return history
