@@ -151,8 +151,9 @@ def register(app: typer.Typer) -> None:
         retry_infra: Annotated[bool, typer.Option("--retry-infra", help="With --resume: run again the instances that failed for infrastructure reasons.")] = False,
         mirrors: Annotated[Optional[Path], typer.Option(help=MIRRORS_HELP)] = None,
         recipes: Annotated[Optional[Path], typer.Option(help="Recipes file (JSON/TOML: owner/name -> version|* -> recipe) for repos no spec covers.")] = None,
-        image_source: Annotated[str, typer.Option("--image-source", help="build (here, offline) or prebuilt (SWE-bench's images; needs issue 12).")] = "build",
+        image_source: Annotated[str, typer.Option("--image-source", help="build (here, offline) or prebuilt (SWE-bench's published images; not built yet, refused).")] = "build",
         split: Annotated[str, typer.Option(help="Dataset split (Hugging Face datasets).")] = "test",
+        network_allow: Annotated[Optional[str], typer.Option("--network-allow", help="Comma-separated egress allow-list (hosts, *.wildcards, host:port, CIDRs) for rows with `network: true`; such rows are refused without it. Others never get network.")] = None,
         verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Per-test tables for resolved instances too.")] = False,
         fail_on_unresolved: Annotated[bool, typer.Option(help="Exit 1 when any instance is not resolved.")] = False,
     ) -> None:
@@ -170,6 +171,7 @@ def register(app: typer.Typer) -> None:
         if image_source not in IMAGE_SOURCES:
             raise UnknownNameError(f"unknown image source {image_source!r}; choose build or prebuilt")
         check_provider(provider)
+        allow = _network_allow(network_allow)
         task_list = _load(tasks, instance, split)
         run_dir = _run_dir("debug", output, resume, step)
         store = RunStore(run_dir)
@@ -187,7 +189,7 @@ def register(app: typer.Typer) -> None:
         script_text = script.read_text() if script is not None else None
         t0 = time.perf_counter()
         anyio.run(_run_debug, todo, len(task_list), len(done), step, concurrency, provider, command, script_text,
-                  mirrors, recipes, image_source, store)
+                  mirrors, recipes, image_source, store, allow)
         rows = [store.load(t.instance_id) or {"instance_id": t.instance_id, "status": "infra", "error": "no result on disk"}
                 for t in task_list]
         summ = summary(rows, step, time.perf_counter() - t0)
@@ -311,7 +313,7 @@ def _builder(mirrors: Path | None, recipes: Path | None) -> Any:
 
 async def _run_debug(todo: list[Any], total: int, done: int, step: str, concurrency: int, provider: str,
                      command: str | None, script: str | None, mirrors: Path | None, recipes: Path | None,
-                     image_source: str, store: Any) -> None:
+                     image_source: str, store: Any, network_allow: tuple[str, ...] = ()) -> None:
     from sandgym.sandboxes.manager import SandboxManager
     from sandgym.swe.debug import SWEDebugRunner
 
@@ -321,7 +323,8 @@ async def _run_debug(todo: list[Any], total: int, done: int, step: str, concurre
     with bar:
         async with SandboxManager(provider, max_sandboxes=concurrency) as mgr:
             runner = SWEDebugRunner(mgr, step=step, builder=_builder(mirrors, recipes), command=command, script=script,
-                                    progress=progress, image_source=image_source, store=store)
+                                    progress=progress, image_source=image_source, store=store,
+                                    network_allow=network_allow)
             await runner.run(todo, concurrency)
 
 
@@ -335,3 +338,22 @@ async def _run_validate(task_list: list[Any], runs: int, concurrency: int, provi
         async with SandboxManager(provider, max_sandboxes=concurrency) as mgr:
             v = Validator(mgr, builder=_builder(mirrors, recipes), store=store, runs=runs, progress=progress)
             return await v.run(task_list, concurrency)
+
+
+def _network_allow(text: str | None) -> tuple[str, ...]:
+    """--network-allow as entries, each checked now (a bad one is a one-line user error)."""
+    from sandgym.errors import UserError
+    from sandgym.sandboxes.spec import EgressPolicy
+
+    if text is None:
+        return ()
+    entries = tuple(e.strip() for e in text.split(",") if e.strip())
+    if not entries:
+        raise UserError("--network-allow: give at least one host, host:port or CIDR")
+    try:
+        EgressPolicy(allow=entries)
+    except ValueError as exc:
+        errors = getattr(exc, "errors", None)  # pydantic: the validator's own message
+        msg = errors()[0]["msg"].removeprefix("Value error, ") if callable(errors) else str(exc)
+        raise UserError(f"--network-allow: {msg}".splitlines()[0]) from None
+    return entries

@@ -24,11 +24,11 @@ from sandgym.core.state import Message, State
 from sandgym.core.tools import tool_call
 from sandgym.sandboxes.errors import SandboxFileNotFound
 
-from .debug import task_spec
+from .debug import network_policy, task_spec
 from .evaluate import evaluate, prepare
 from .images import TaskImageBuilder
 from .patches import PatchError, apply_hunks, parse_patch
-from .tasks import TESTBED, RecipeError, SWETask, load_tasks
+from .tasks import TESTBED, SWETask, load_tasks
 
 SYSTEM_PROMPT = f"""You are a software engineer fixing an issue in a Python repository.
 The repository is checked out at {TESTBED}; the shell starts there. You have two tools:
@@ -49,6 +49,7 @@ class SWEAgentEnv(SandboxEnv):
         command_timeout_s: float = 120.0,
         memory_mb: int = 2048,
         disk_mb: int = 1024,
+        network_allow: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         task_list = list(tasks) if isinstance(tasks, (list, tuple)) else load_tasks(tasks)
@@ -57,6 +58,8 @@ class SWEAgentEnv(SandboxEnv):
         task_list = self.builder.resolve_all(task_list)
         self.tasks = {t.instance_id: t for t in task_list}
         self.memory_mb, self.disk_mb = memory_mb, disk_mb
+        # Hosts a `network: true` task's sandbox may reach (its tests and the agent's commands).
+        self.network_allow = tuple(network_allow or ())
         rows = [agent_row(t) for t in task_list]
         kwargs.setdefault("name", "swe_agent")
         kwargs.setdefault("system_prompt", SYSTEM_PROMPT)
@@ -78,12 +81,9 @@ class SWEAgentEnv(SandboxEnv):
     async def setup_state(self, state: State) -> None:
         # Not SandboxEnv's: each task has its own image (built or reused here).
         task = self.task_for(state)
-        if task.network:
-            from .debug import NETWORK_ERROR
-
-            raise RecipeError(NETWORK_ERROR)
+        egress = network_policy(task, self.network_allow)
         built = await self.builder.ensure(task)
-        spec = task_spec(task, built.tag, memory_mb=self.memory_mb, disk_mb=self.disk_mb)
+        spec = task_spec(task, built.tag, memory_mb=self.memory_mb, disk_mb=self.disk_mb, egress=egress)
         sb = await self.require_sandboxes().acquire(spec)
         state.scratch["sandbox"] = sb
         state.sandbox_id = sb.id

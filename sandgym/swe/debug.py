@@ -42,7 +42,7 @@ from sandgym.core.environment import Environment, error_text
 from sandgym.core.rubric import Rubric
 from sandgym.core.state import State
 from sandgym.sandboxes.errors import SandboxError
-from sandgym.sandboxes.spec import SandboxSpec
+from sandgym.sandboxes.spec import EgressPolicy, SandboxSpec
 
 from .evaluate import SCRATCH, TestReport, apply_patch, evaluate, prepare, run_logged
 from .images import BaseImageError, ImageBuildError, ImageSourceError, RepoError, TaskImageBuilder, prebuilt_image
@@ -52,8 +52,18 @@ from .tasks import TESTBED, RecipeError, SWETask, load_tasks
 log = logging.getLogger(__name__)
 
 STATUSES = ("resolved", "unresolved", "error", "infra")
-NETWORK_ERROR = ("the task asks for network access at test time, which needs the sandboxes' egress allow-list "
-                 "(issue 12); it is refused until that lands")
+NETWORK_ERROR = ("the task asks for network access at test time (network: true); allow the hosts it needs with "
+                 "--network-allow HOST[,HOST...] (e.g. pypi.org,files.pythonhosted.org); without it the task is refused")
+
+
+def network_policy(task: SWETask, allow: Sequence[str] | None) -> EgressPolicy | None:
+    """The egress a task's sandbox gets: none unless the row asks for network (off by
+    default), then exactly the operator's allow-list; a row asking with no list is refused."""
+    if not task.network:
+        return None
+    if not allow:
+        raise RecipeError(NETWORK_ERROR)
+    return EgressPolicy(allow=tuple(allow))
 
 
 class DebugStep(str, Enum):
@@ -105,9 +115,13 @@ class InstanceResult(BaseModel):
 Progress = Callable[[str, str], None]  # (instance_id, phase)
 
 
-def task_spec(task: SWETask, image: str, *, memory_mb: int = 2048, disk_mb: int = 1024, cpu: float = 1.0) -> SandboxSpec:
+def task_spec(
+    task: SWETask, image: str, *, memory_mb: int = 2048, disk_mb: int = 1024, cpu: float = 1.0,
+    egress: EgressPolicy | None = None,
+) -> SandboxSpec:
     recipe = task.require_recipe()
     return SandboxSpec(
+        egress=egress,
         image=image, workdir=TESTBED, memory_mb=memory_mb, disk_mb=disk_mb, cpu=cpu, pids=1024,
         env=dict(recipe.env), exec_timeout_s=max(120.0, recipe.test_timeout_s),
         # Big suites print a lot; the per-test summary comes last and must not be cut off.
@@ -126,8 +140,9 @@ class SWEDebugRunner:
     """Runs one debug step over tasks with at most `concurrency` sandboxes at once.
 
     `image_source`: `build` (task images built here, offline) or `prebuilt` (SWE-bench's
-    published instance images; needs registry pull support, issue 12, and is refused per
-    instance until then). With a `store`, each result is saved as soon as it finishes."""
+    published instance images: not built yet, refused per instance saying so). Rows with
+    `network: true` get `network_allow` as their egress allow-list (refused without one).
+    With a `store`, each result is saved as soon as it finishes."""
 
     def __init__(
         self,
@@ -144,7 +159,10 @@ class SWEDebugRunner:
         image_source: str = "build",
         store: RunStore | None = None,
         key: Callable[[SWETask], str] | None = None,
+        network_allow: Sequence[str] | None = None,
     ) -> None:
+        if network_allow:
+            EgressPolicy(allow=tuple(network_allow))  # a bad entry fails here, naming it
         if image_source not in ("build", "prebuilt"):
             raise ValueError(f"image_source must be build or prebuilt, not {image_source!r}")
         self.manager = manager
@@ -157,6 +175,7 @@ class SWEDebugRunner:
         self.image_source = image_source
         self.store = store
         self.key = key or (lambda t: t.instance_id)
+        self.network_allow = tuple(network_allow or ())
 
     async def run(self, tasks: Sequence[SWETask], concurrency: int = 2) -> list[InstanceResult]:
         limit = anyio.CapacityLimiter(max(1, concurrency))
@@ -193,15 +212,14 @@ class SWEDebugRunner:
         return res
 
     async def _run(self, task: SWETask, res: InstanceResult) -> None:
-        if task.network:
-            raise RecipeError(NETWORK_ERROR)
+        egress = network_policy(task, self.network_allow)
         task = self.builder.resolve(task)
         recipe = task.require_recipe()
         res.python, res.recipe_source, res.recipe_notes = recipe.python, recipe.source, list(recipe.notes)
         self.progress(task.instance_id, "image")
         if self.image_source == "prebuilt":
-            raise ImageSourceError(f"prebuilt image {prebuilt_image(task)}: using SWE-bench's published instance images "
-                                   f"needs registry pull support (issue 12); use --image-source build")
+            raise ImageSourceError(f"prebuilt image {prebuilt_image(task)}: running SWE-bench's published instance images "
+                                   f"(conda env at /testbed) is not built yet; use --image-source build")
         try:
             built = await self.builder.ensure(task)
         except ImageBuildError as exc:
@@ -215,7 +233,7 @@ class SWEDebugRunner:
         res.timings["image_s"] = built.build_s
         self.progress(task.instance_id, "sandbox")
         t1 = time.perf_counter()
-        spec = task_spec(task, built.tag, memory_mb=self.memory_mb, disk_mb=self.disk_mb, cpu=self.cpu)
+        spec = task_spec(task, built.tag, memory_mb=self.memory_mb, disk_mb=self.disk_mb, cpu=self.cpu, egress=egress)
         try:
             async with self.manager.sandbox(spec) as sb:
                 res.timings["sandbox_s"] = time.perf_counter() - t1
@@ -229,6 +247,9 @@ class SWEDebugRunner:
                 res.timings["step_s"] = time.perf_counter() - t2
                 self.progress(task.instance_id, "tests")
                 ev = await evaluate(sb, task, res.logs, base=base)
+                if egress is not None:  # what the task's network use was, allowed or not
+                    entries = await sb.egress_log()
+                    res.logs["egress"] = "".join(e.model_dump_json() + "\n" for e in entries)
         except SandboxError as exc:
             raise _Infra("sandbox", f"sandbox failure: {error_text(exc)}") from exc
         res.applied_diff = ev.diff

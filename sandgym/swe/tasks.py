@@ -180,7 +180,7 @@ class SWETask(BaseModel):
     setup_patch: str = Field("", description="Applied and committed at image build (SWE-smith: the bug).")
     gold_reverse: bool = Field(False, description="The gold step applies `patch` reversed (SWE-smith).")
     smith_repo: str = ""
-    network: bool = Field(False, description="Network for the task's tests (needs the egress allow-list, issue 12).")
+    network: bool = Field(False, description="Network for the task's tests: its sandbox gets the operator's egress allow-list (--network-allow); off by default.")
     debug_command: str | None = Field(None, description="Shell command for `--step command`.")
     debug_script: str | None = Field(None, description="Script text for `--step script`.")
 

@@ -89,16 +89,20 @@ def test_validate_flags_the_broken_task(bundled_dir: Path, tmp_path: Path) -> No
     assert len((out / "results.jsonl").read_text().splitlines()) == 8
 
 
-def test_prebuilt_images_and_network_wait_for_issue_12(bundled_dir: Path, tmp_path: Path) -> None:
+def test_prebuilt_refused_and_network_rows_need_an_allow_list(bundled_dir: Path, tmp_path: Path) -> None:
     require_docker()
     proc = _swe("debug", str(bundled_dir / "tasks.jsonl"), "-i", "statskit__median-even", "--image-source", "prebuilt",
                 "--json", "-o", str(tmp_path / "pre"))
     assert proc.returncode == 1
     (inst,) = json.loads(proc.stdout)["instances"]
-    assert inst["status"] == "error" and "issue 12" in inst["error"]
+    assert inst["status"] == "error" and "--image-source build" in inst["error"]
     assert "swebench/sweb.eval.x86_64.statskit_1776_median-even:latest" in inst["error"]
     row = json.loads((bundled_dir / "tasks.jsonl").read_text().splitlines()[0])
     (tmp_path / "net.jsonl").write_text(json.dumps({**row, "network": True}) + "\n")
     proc = _swe("debug", str(tmp_path / "net.jsonl"), "--json", "-o", str(tmp_path / "net"))
     (inst,) = json.loads(proc.stdout)["instances"]
-    assert proc.returncode == 1 and inst["status"] == "error" and "egress allow-list (issue 12)" in inst["error"]
+    assert proc.returncode == 1 and inst["status"] == "error" and "--network-allow" in inst["error"]
+    # A bad allow-list entry: one line naming the option, exit 2, nothing run.
+    proc = _swe("debug", str(tmp_path / "net.jsonl"), "--network-allow", "http://x y", "-o", str(tmp_path / "bad"))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "--network-allow: egress entry" in proc.stderr
+    assert not (tmp_path / "bad").exists()
