@@ -231,19 +231,24 @@ class TrainConfig(_Strict):
     @classmethod
     def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> "TrainConfig":
         p = Path(path)
-        data = tomllib.loads(p.read_text())
-        for dotted, value in (overrides or {}).items():
-            node = data
-            *parents, leaf = dotted.split(".")
-            for k in parents:
-                node = node.setdefault(k, {})
-            node[leaf] = value
-        cfg = cls.model_validate(data)
+        cfg = cls.model_validate(load_toml(p, overrides))
         base = p.resolve().parent
         if not Path(cfg.output.dir).is_absolute():
             cfg.output.dir = str((base / cfg.output.dir).resolve())
         resolve_model_paths(cfg.model, base)
         return cfg
+
+
+def load_toml(path: Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A TOML config as a dict, with `{"section.key": value}` overrides applied."""
+    data = tomllib.loads(path.read_text())
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for k in parents:
+            node = node.setdefault(k, {})
+        node[leaf] = value
+    return data
 
 
 def resolve_model_paths(model: ModelConfig, base: Path) -> None:

@@ -23,7 +23,6 @@ import logging
 import random
 import shutil
 import time
-import tomllib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sandgym.errors import UserError
 from sandgym.train.batch import MicroBatch, Sequence, pack
-from sandgym.train.config import ModelConfig, resolve_model_paths
+from sandgym.train.config import ModelConfig, load_toml, resolve_model_paths
 from sandgym.train.logprobs import packed_logprobs
 
 log = logging.getLogger(__name__)
@@ -80,14 +79,7 @@ class SFTConfig(_Strict):
     @classmethod
     def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> "SFTConfig":
         p = Path(path)
-        data = tomllib.loads(p.read_text())
-        for dotted, value in (overrides or {}).items():
-            node = data
-            *parents, leaf = dotted.split(".")
-            for k in parents:
-                node = node.setdefault(k, {})
-            node[leaf] = value
-        cfg = cls.model_validate(data)
+        cfg = cls.model_validate(load_toml(p, overrides))
         base = p.resolve().parent
         if not Path(cfg.output.dir).is_absolute():
             cfg.output.dir = str((base / cfg.output.dir).resolve())

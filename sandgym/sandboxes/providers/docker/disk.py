@@ -24,23 +24,20 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 from ...errors import SandboxCreateError
+from .names import NAME, stale_entries
 from .runtime import DISK_ROOT
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"^sandgym-[0-9a-f]{16}$")
 _MIB = 1 << 20
 # Keep this much of the host file system free whatever the quotas say: a host disk that
 # fills turns into I/O errors inside every sandbox's file system.
 RESERVE_MB = 1024
-_SWEEP_MIN_AGE_S = 120.0
 # -T default: 4 KiB blocks and one inode per 16 KiB at every size (small images would get
 # 1 KiB blocks and 4x the inodes, ~8% of the space); no journal (a sandbox's disk dies with
 # it), no room reserved for root, lazy init: creating one takes tens of ms.
@@ -92,7 +89,7 @@ class LoopDisks:
         except OSError:
             entries = []
         for e in entries:
-            if not _NAME.match(e.name):
+            if not NAME.match(e.name):
                 continue
             try:
                 img = os.stat(os.path.join(e.path, "disk.img"))
@@ -106,7 +103,7 @@ class LoopDisks:
     def make(self, name: str, size_mb: int, *, writable_root: bool, uid: int, gid: int) -> Path:
         """Create, format and mount `name`'s disk; returns its mount point. Cleans up after
         itself when anything fails."""
-        if not _NAME.match(name):
+        if not NAME.match(name):
             raise ValueError(f"bad sandbox name {name!r}")
         self.root.mkdir(parents=True, exist_ok=True, mode=0o711)
         d = self.path(name)
@@ -139,7 +136,7 @@ class LoopDisks:
 
     def discard(self, name: str) -> None:
         """Unmount and delete `name`'s disk. Idempotent; quiet about what is already gone."""
-        if not _NAME.match(name):
+        if not NAME.match(name):
             return
         d = self.path(name)
         for mp in (d / "root", d / "disk"):
@@ -175,19 +172,7 @@ class LoopDisks:
         """Discard disks of containers that no longer exist (old enough not to be one being
         created now) and the wrapper's stale id records. Returns the names removed."""
         removed: list[str] = []
-        try:
-            entries = list(os.scandir(self.root))
-        except OSError:
-            return removed
-        now = time.time()
-        for e in entries:
-            if not _NAME.match(e.name) or e.name in live_names:
-                continue
-            try:
-                if now - e.stat(follow_symlinks=False).st_mtime < _SWEEP_MIN_AGE_S:
-                    continue
-            except OSError:
-                continue
+        for e in stale_entries(self.root, live_names):
             self.discard(e.name)
             removed.append(e.name)
         ids = self.root / ".ids"

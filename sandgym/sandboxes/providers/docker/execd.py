@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -46,12 +45,10 @@ from ...execd import (
 )
 from ...result import ExecResult
 from .exec import _SWEEP, EXEC_ID_ENV
+from .names import NAME, stale_entries
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"^sandgym-[0-9a-f]{16}$")
-# A directory younger than this may belong to a container another process is creating now.
-_SWEEP_MIN_AGE_S = 120.0
 _RETRIES = 6
 _REFUSED_EXIT = 126
 
@@ -135,7 +132,7 @@ class SocketDirs:
 
     def owns(self, path: str | os.PathLike[str]) -> bool:
         p = Path(path)
-        return p.parent == self.root and bool(_NAME.match(p.name))
+        return p.parent == self.root and bool(NAME.match(p.name))
 
     def discard(self, path: str | os.PathLike[str]) -> None:
         if self.owns(path):
@@ -145,19 +142,7 @@ class SocketDirs:
         """Remove directories of containers that no longer exist (old enough not to be one
         being created right now). Returns the names removed."""
         removed: list[str] = []
-        try:
-            entries = list(os.scandir(self.root))
-        except OSError:
-            return removed
-        now = time.time()
-        for e in entries:
-            if not _NAME.match(e.name) or e.name in live_names:
-                continue
-            try:
-                if now - e.stat(follow_symlinks=False).st_mtime < _SWEEP_MIN_AGE_S:
-                    continue
-            except OSError:
-                continue
+        for e in stale_entries(self.root, live_names):
             shutil.rmtree(e.path, ignore_errors=True)
             removed.append(e.name)
         return removed
