@@ -138,7 +138,9 @@ class GreedyEvenRows:
 
 def test_dynamic_sampling_drops_zero_variance_groups_and_refills(tmp_path: Path) -> None:
     def collect(**rollout: Any) -> tuple[list[int], dict[str, float]]:
-        tr = Trainer(_cfg(tmp_path, rollout={"prompts_per_step": 3, "max_tokens": 8, **rollout}))
+        # 24 sampled tokens per member: four members tie on the reward (a fraction of the
+        # tokens in a range) about 1% of the time, so odd rows nearly always carry signal.
+        tr = Trainer(_cfg(tmp_path, rollout={"prompts_per_step": 3, "max_tokens": 24, **rollout}))
         tr.source = GreedyEvenRows(tr.source)
         with tr.generation():
             groups, m = tr.collect()
@@ -151,11 +153,12 @@ def test_dynamic_sampling_drops_zero_variance_groups_and_refills(tmp_path: Path)
     rows, m = collect()
     assert rows == [0, 1, 2] and m["no_signal_groups"] >= 2 and m["refill_groups"] == 0
 
-    rows, m = collect(dynamic_sampling=True)
+    # Room for 15 groups (8 even, 7 odd): three odd ones with signal are all but certain.
+    rows, m = collect(dynamic_sampling=True, max_groups_factor=5.0)
     assert len(rows) == 3 and all(r % 2 == 1 for r in rows), rows
     assert m["no_signal_groups"] >= 3 and m["refill_groups"] >= 3
     assert m["groups_examined"] == 3 + m["no_signal_groups"]
 
     # Bounded: at most max_groups_factor x prompts_per_step groups are examined.
     rows, m = collect(dynamic_sampling=True, max_groups_factor=1.0)
-    assert rows == [1] and m["groups_examined"] == 3 and m["refill_groups"] == 0
+    assert set(rows) <= {1} and m["groups_examined"] == 3 and m["refill_groups"] == 0
