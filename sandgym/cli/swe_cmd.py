@@ -22,7 +22,11 @@ from rich.text import Text
 console = Console(stderr=True)
 
 STEPS = ("gold_patch", "none", "command", "script")
-IMAGE_SOURCES = ("build", "prebuilt")
+IMAGE_SOURCES = ("build", "prebuilt", "auto")
+IMAGE_SOURCE_HELP = ("build: task images built here, offline (default). prebuilt: SWE-bench's instance images "
+                     "(swebench/sweb.eval.x86_64.<id>, `__` as `_1776_`), pulled when missing, from Docker Hub or --registry; "
+                     "run as root on a writable root (the vm profile, gVisor); a failed pull is an infra failure of "
+                     "that instance. auto: prebuilt where the pull works, else built here (the result says why).")
 MIRRORS_HELP = "Directory of local git mirrors (owner__name, owner+name/repo, ...; default $SANDGYM_SWE_MIRRORS)."
 
 
@@ -58,7 +62,11 @@ def _render(rows: list[dict[str, Any]], step: str, verbose: bool) -> None:
     for col in ("instance", "status", "FAIL_TO_PASS", "PASS_TO_PASS", "image", "time", "failing tests / error"):
         table.add_column(col, overflow="fold", no_wrap=col == "instance")
     for r in rows:
-        img = "-" if r.get("image_reused") is None else ("reused" if r["image_reused"] else "built")
+        if r.get("image_source") == "prebuilt":
+            img = "prebuilt"
+        else:
+            img = "-" if r.get("image_reused") is None else ("reused" if r["image_reused"] else "built")
+            img += " (fallback)" if r.get("image_fallback") else ""
         note = ", ".join(r.get("failing_tests") or [])
         if r.get("error"):
             note = (note + "\n" if note else "") + (r.get("infra_reason") and f"[{r['infra_reason']}] " or "") + r["error"].splitlines()[0][:200]
@@ -151,7 +159,9 @@ def register(app: typer.Typer) -> None:
         retry_infra: Annotated[bool, typer.Option("--retry-infra", help="With --resume: run again the instances that failed for infrastructure reasons.")] = False,
         mirrors: Annotated[Optional[Path], typer.Option(help=MIRRORS_HELP)] = None,
         recipes: Annotated[Optional[Path], typer.Option(help="Recipes file (JSON/TOML: owner/name -> version|* -> recipe) for repos no spec covers.")] = None,
-        image_source: Annotated[str, typer.Option("--image-source", help="build (here, offline) or prebuilt (SWE-bench's published images; not built yet, refused).")] = "build",
+        image_source: Annotated[str, typer.Option("--image-source", help=IMAGE_SOURCE_HELP)] = "build",
+        registry: Annotated[Optional[str], typer.Option("--registry", help="With --image-source prebuilt/auto: pull from this registry or mirror instead of Docker Hub: HOST, HOST:PORT or HOST:PORT/prefix (e.g. 127.0.0.1:5000, mirror.example.com/dockerhub).")] = None,
+        image_namespace: Annotated[str, typer.Option("--image-namespace", help="swebench's --namespace for prebuilt images (`none`: the unnamespaced images swebench's harness builds locally).")] = "swebench",
         split: Annotated[str, typer.Option(help="Dataset split (Hugging Face datasets).")] = "test",
         network_allow: Annotated[Optional[str], typer.Option("--network-allow", help="Comma-separated egress allow-list (hosts, *.wildcards, host:port, CIDRs) for rows with `network: true`; such rows are refused without it. Others never get network.")] = None,
         verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Per-test tables for resolved instances too.")] = False,
@@ -169,7 +179,8 @@ def register(app: typer.Typer) -> None:
         if step not in STEPS:
             raise UnknownNameError(f"unknown step {step!r}; choose one of {', '.join(STEPS)}")
         if image_source not in IMAGE_SOURCES:
-            raise UnknownNameError(f"unknown image source {image_source!r}; choose build or prebuilt")
+            raise UnknownNameError(f"unknown image source {image_source!r}; choose {', '.join(IMAGE_SOURCES)}")
+        prebuilt = _prebuilt(registry, image_namespace)
         check_provider(provider)
         allow = _network_allow(network_allow)
         task_list = _load(tasks, instance, split)
@@ -177,7 +188,7 @@ def register(app: typer.Typer) -> None:
         store = RunStore(run_dir)
         try:
             store.start({"kind": "debug", "step": step, "tasks": tasks, "instances": len(task_list),
-                         "image_source": image_source, "argv": sys.argv[1:]}, resume=resume is not None)
+                         "image_source": image_source, "registry": registry, "argv": sys.argv[1:]}, resume=resume is not None)
         except (FileExistsError, ValueError) as exc:
             raise UserError(str(exc)) from exc
         done = store.finished(t.instance_id for t in task_list)
@@ -189,7 +200,7 @@ def register(app: typer.Typer) -> None:
         script_text = script.read_text() if script is not None else None
         t0 = time.perf_counter()
         anyio.run(_run_debug, todo, len(task_list), len(done), step, concurrency, provider, command, script_text,
-                  mirrors, recipes, image_source, store, allow)
+                  mirrors, recipes, image_source, store, allow, prebuilt)
         rows = [store.load(t.instance_id) or {"instance_id": t.instance_id, "status": "infra", "error": "no result on disk"}
                 for t in task_list]
         summ = summary(rows, step, time.perf_counter() - t0)
@@ -204,9 +215,15 @@ def register(app: typer.Typer) -> None:
                 console.print(Text(f"  {b['instance_id']} ({b['status']}): {why}"), soft_wrap=True)
         for f in summ["infra_failures"]:
             console.print(Text(f"  infra {f['instance_id']} [{f['reason']}]: {(f['error'] or '').splitlines()[0][:200]}", style="magenta"), soft_wrap=True)
+        for r in rows:
+            if r.get("image_fallback"):
+                console.print(Text(f"  {r['instance_id']}: built here, the prebuilt image was unavailable: "
+                                   f"{r['image_fallback'].splitlines()[0][:300]}", style="yellow"), soft_wrap=True)
+        prebuilt_note = (f", prebuilt {summ['images_prebuilt']} (fallbacks {summ['prebuilt_fallbacks']})"
+                         if image_source != "build" else "")
         console.print(Text(f"{summ['resolved']}/{summ['total']} resolved, {summ['unresolved']} unresolved, "
                            f"{summ['errors']} errors, {summ['infra']} infra; images built {summ['images_built']}, "
-                           f"reused {summ['images_reused']}; {summ['wall_s']:.1f}s; results in {run_dir}"), soft_wrap=True)
+                           f"reused {summ['images_reused']}{prebuilt_note}; {summ['wall_s']:.1f}s; results in {run_dir}"), soft_wrap=True)
         if as_json:
             sys.stdout.write(json.dumps(summ, indent=2) + "\n")
         if summ["errors"] or summ["infra"] or (fail_on_unresolved and summ["resolved"] < summ["total"]):
@@ -313,7 +330,7 @@ def _builder(mirrors: Path | None, recipes: Path | None) -> Any:
 
 async def _run_debug(todo: list[Any], total: int, done: int, step: str, concurrency: int, provider: str,
                      command: str | None, script: str | None, mirrors: Path | None, recipes: Path | None,
-                     image_source: str, store: Any, network_allow: tuple[str, ...] = ()) -> None:
+                     image_source: str, store: Any, network_allow: tuple[str, ...] = (), prebuilt: Any = None) -> None:
     from sandgym.sandboxes.manager import SandboxManager
     from sandgym.swe.debug import SWEDebugRunner
 
@@ -324,7 +341,7 @@ async def _run_debug(todo: list[Any], total: int, done: int, step: str, concurre
         async with SandboxManager(provider, max_sandboxes=concurrency) as mgr:
             runner = SWEDebugRunner(mgr, step=step, builder=_builder(mirrors, recipes), command=command, script=script,
                                     progress=progress, image_source=image_source, store=store,
-                                    network_allow=network_allow)
+                                    network_allow=network_allow, prebuilt=prebuilt)
             await runner.run(todo, concurrency)
 
 
@@ -338,6 +355,17 @@ async def _run_validate(task_list: list[Any], runs: int, concurrency: int, provi
         async with SandboxManager(provider, max_sandboxes=concurrency) as mgr:
             v = Validator(mgr, builder=_builder(mirrors, recipes), store=store, runs=runs, progress=progress)
             return await v.run(task_list, concurrency)
+
+
+def _prebuilt(registry: str | None, namespace: str) -> Any:
+    """--registry and --image-namespace as PrebuiltImages (a bad value is a one-line user error)."""
+    from sandgym.errors import UserError
+    from sandgym.swe.prebuilt import PrebuiltImages
+
+    try:
+        return PrebuiltImages(registry=registry, namespace=None if namespace.lower() == "none" else namespace)
+    except ValueError as exc:
+        raise UserError(f"--registry/--image-namespace: {exc}") from None
 
 
 def _network_allow(text: str | None) -> tuple[str, ...]:

@@ -1,8 +1,16 @@
 """SWE debug runs: no agent, one scripted step, then the resolved check.
 
-For each task: resolve its recipe, build or reuse its image, create its sandbox, copy the
-repository into /testbed, run one debug step, then `evaluate` (test patch, tests, graded
-as SWE-bench grades).
+For each task: resolve its recipe, build or reuse its image (or take SWE-bench's prebuilt
+instance image: `image_source` below), create its sandbox, ready /testbed, run one debug
+step, then `evaluate` (test patch, tests, graded as SWE-bench grades).
+
+Image sources: `build` (default; task images built here, offline), `prebuilt` (SWE-bench's
+published instance image, local or pulled through the sandbox provider, from Docker Hub or
+`PrebuiltImages.registry`; sandgym.swe.prebuilt) and `auto` (prebuilt where it can be had,
+else built here: a failed pull, or a row with no instance image, falls back to building and
+the result says why in `image_fallback`). Only the image, the sandbox profile and user,
+PATH and the conda activation differ between them (`ImageLayout`); the step, the test
+patch, the tests and the grading are the same code.
 
 Steps:
 - `none`: nothing; the tests run against base_commit (a good task is unresolved).
@@ -15,7 +23,7 @@ Steps:
 An instance ends in one status: `resolved`, `unresolved` (the tests ran and were graded),
 `error` (the task cannot be run or graded as given: no recipe, the test patch does not
 apply, nothing parseable in the log) or `infra` (the environment failed: image build,
-repository, sandbox, setup, test timeout, output cap, a crash of the harness), with
+image pull, repository, sandbox, setup, test timeout, output cap, a crash of the harness), with
 `infra_reason`; infra failures are reported apart from unresolved ones, as SWE-bench's
 newer harness does. A crash in one instance marks that instance, never the run, and with
 a store each instance is written to disk the moment it finishes.
@@ -41,17 +49,19 @@ from pydantic import BaseModel, Field
 from sandgym.core.environment import Environment, error_text
 from sandgym.core.rubric import Rubric
 from sandgym.core.state import State
-from sandgym.sandboxes.errors import SandboxError
+from sandgym.sandboxes.errors import ImagePullError, SandboxError, SpecError
 from sandgym.sandboxes.spec import EgressPolicy, SandboxSpec
 
 from .evaluate import SCRATCH, TestReport, apply_patch, evaluate, prepare, run_logged
-from .images import BaseImageError, ImageBuildError, ImageSourceError, RepoError, TaskImageBuilder, prebuilt_image
+from .images import BUILT_LAYOUT, BaseImageError, ImageBuildError, ImageLayout, ImageSourceError, RepoError, TaskImageBuilder
+from .prebuilt import PREBUILT_LAYOUT, PrebuiltImages
 from .store import RunStore
 from .tasks import TESTBED, RecipeError, SWETask, load_tasks
 
 log = logging.getLogger(__name__)
 
 STATUSES = ("resolved", "unresolved", "error", "infra")
+IMAGE_SOURCES = ("build", "prebuilt", "auto")
 NETWORK_ERROR = ("the task asks for network access at test time (network: true); allow the hosts it needs with "
                  "--network-allow HOST[,HOST...] (e.g. pypi.org,files.pythonhosted.org); without it the task is refused")
 
@@ -84,7 +94,7 @@ class InstanceResult(BaseModel):
     resolved: bool = False
     resolution: str | None = None  # swebench's RESOLVED_FULL / PARTIAL / NO
     error: str | None = None
-    infra_reason: str | None = None  # image_build, repository, base_image, sandbox, setup, timeout, output_cap, crash
+    infra_reason: str | None = None  # image_build, image_pull, repository, base_image, sandbox, setup, timeout, output_cap, crash
     failing_tests: list[str] = Field(default_factory=list)
     fail_to_pass: dict[str, str] = Field(default_factory=dict)
     pass_to_pass: dict[str, str] = Field(default_factory=dict)
@@ -96,7 +106,9 @@ class InstanceResult(BaseModel):
     test_exit_code: int | None = None
     applied_diff: str = ""
     image: str | None = None
-    image_reused: bool | None = None
+    image_reused: bool | None = None  # a task image built here: found (True) or built (False)
+    image_source: str | None = None  # build | prebuilt: where the image the tests ran in came from
+    image_fallback: str | None = None  # auto: why the prebuilt image was not used (then it was built)
     python: str | None = None
     recipe_source: str | None = None
     recipe_notes: list[str] = Field(default_factory=list)
@@ -117,13 +129,13 @@ Progress = Callable[[str, str], None]  # (instance_id, phase)
 
 def task_spec(
     task: SWETask, image: str, *, memory_mb: int = 2048, disk_mb: int = 1024, cpu: float = 1.0,
-    egress: EgressPolicy | None = None,
+    egress: EgressPolicy | None = None, layout: ImageLayout = BUILT_LAYOUT,
 ) -> SandboxSpec:
     recipe = task.require_recipe()
     return SandboxSpec(
-        egress=egress,
+        egress=egress, profile=layout.profile, user=layout.user,  # type: ignore[arg-type]
         image=image, workdir=TESTBED, memory_mb=memory_mb, disk_mb=disk_mb, cpu=cpu, pids=1024,
-        env=dict(recipe.env), exec_timeout_s=max(120.0, recipe.test_timeout_s),
+        env={**dict(layout.env), **recipe.env}, exec_timeout_s=max(120.0, recipe.test_timeout_s),
         # Big suites print a lot; the per-test summary comes last and must not be cut off.
         output_limit_bytes=64 << 20,
         labels={"sandgym-swe.instance": task.instance_id[:200]},
@@ -139,10 +151,11 @@ class _Infra(Exception):
 class SWEDebugRunner:
     """Runs one debug step over tasks with at most `concurrency` sandboxes at once.
 
-    `image_source`: `build` (task images built here, offline) or `prebuilt` (SWE-bench's
-    published instance images: not built yet, refused per instance saying so). Rows with
-    `network: true` get `network_allow` as their egress allow-list (refused without one).
-    With a `store`, each result is saved as soon as it finishes."""
+    `image_source`: `build` (task images built here, offline), `prebuilt` (SWE-bench's
+    instance images, named and found as `prebuilt` says: registry, namespace; a failed pull
+    is an `image_pull` infra failure of that instance) or `auto` (prebuilt, falling back to
+    building). Rows with `network: true` get `network_allow` as their egress allow-list
+    (refused without one). With a `store`, each result is saved as soon as it finishes."""
 
     def __init__(
         self,
@@ -160,11 +173,12 @@ class SWEDebugRunner:
         store: RunStore | None = None,
         key: Callable[[SWETask], str] | None = None,
         network_allow: Sequence[str] | None = None,
+        prebuilt: PrebuiltImages | None = None,
     ) -> None:
         if network_allow:
             EgressPolicy(allow=tuple(network_allow))  # a bad entry fails here, naming it
-        if image_source not in ("build", "prebuilt"):
-            raise ValueError(f"image_source must be build or prebuilt, not {image_source!r}")
+        if image_source not in IMAGE_SOURCES:
+            raise ValueError(f"image_source must be one of {', '.join(IMAGE_SOURCES)}, not {image_source!r}")
         self.manager = manager
         self.step = DebugStep(step)
         self.builder = builder or TaskImageBuilder()
@@ -176,6 +190,7 @@ class SWEDebugRunner:
         self.store = store
         self.key = key or (lambda t: t.instance_id)
         self.network_allow = tuple(network_allow or ())
+        self.prebuilt = prebuilt or PrebuiltImages()
 
     async def run(self, tasks: Sequence[SWETask], concurrency: int = 2) -> list[InstanceResult]:
         limit = anyio.CapacityLimiter(max(1, concurrency))
@@ -205,6 +220,8 @@ class SWEDebugRunner:
             log.debug("instance %s crashed", task.instance_id, exc_info=True)
             res.status, res.infra_reason, res.error = "infra", "crash", f"harness crash: {error_text(exc)}"
             res.logs["crash"] = traceback.format_exc()
+        if res.image_fallback and res.status in ("error", "infra") and res.error:
+            res.error += f" (building it after the prebuilt image was unavailable: {res.image_fallback.splitlines()[0]})"
         res.timings["total_s"] = time.perf_counter() - t0
         if self.store is not None:
             self.store.save(self.key(task), res.record(), res.logs, res.applied_diff)
@@ -213,13 +230,24 @@ class SWEDebugRunner:
 
     async def _run(self, task: SWETask, res: InstanceResult) -> None:
         egress = network_policy(task, self.network_allow)
+        if self.image_source != "build":
+            try:
+                await self._run_prebuilt(task, res, egress)
+                return
+            except (ImageSourceError, ImagePullError) as exc:
+                if self.image_source == "prebuilt":
+                    if isinstance(exc, ImagePullError):
+                        raise _Infra("image_pull", error_text(exc)) from exc
+                    raise
+                # auto: build it here instead, saying why
+                res.image_fallback = error_text(exc)
+                res.logs["prebuilt"] = res.image_fallback + "\n"
+                res.image = res.image_source = None
+                self.progress(task.instance_id, "fallback: build")
         task = self.builder.resolve(task)
         recipe = task.require_recipe()
         res.python, res.recipe_source, res.recipe_notes = recipe.python, recipe.source, list(recipe.notes)
         self.progress(task.instance_id, "image")
-        if self.image_source == "prebuilt":
-            raise ImageSourceError(f"prebuilt image {prebuilt_image(task)}: running SWE-bench's published instance images "
-                                   f"(conda env at /testbed) is not built yet; use --image-source build")
         try:
             built = await self.builder.ensure(task)
         except ImageBuildError as exc:
@@ -229,16 +257,37 @@ class SWEDebugRunner:
             raise _Infra("base_image", str(exc)) from exc
         except (RepoError, FileNotFoundError) as exc:
             raise _Infra("repository", str(exc)) from exc
-        res.image, res.image_reused = built.tag, built.reused
+        res.image, res.image_reused, res.image_source = built.tag, built.reused, "build"
         res.timings["image_s"] = built.build_s
+        try:
+            await self._in_sandbox(task, res, built.tag, BUILT_LAYOUT, egress)
+        except ImagePullError as exc:  # a built image is local: cannot happen, unless removed meanwhile
+            raise _Infra("sandbox", error_text(exc)) from exc
+
+    async def _run_prebuilt(self, task: SWETask, res: InstanceResult, egress: EgressPolicy | None) -> None:
+        """The task in SWE-bench's instance image (pulled by the provider when missing).
+        Raises ImageSourceError / ImagePullError when that image cannot be had."""
+        image = self.prebuilt.image(task)
+        task = self.builder.resolve(task, prebuilt=True)
+        recipe = task.require_recipe()
+        res.python, res.recipe_source, res.recipe_notes = recipe.python, recipe.source, list(recipe.notes)
+        res.image, res.image_source = image, "prebuilt"
+        self.progress(task.instance_id, "image (prebuilt)")
+        await self._in_sandbox(task, res, image, PREBUILT_LAYOUT, egress)
+
+    async def _in_sandbox(self, task: SWETask, res: InstanceResult, image: str, layout: ImageLayout,
+                          egress: EgressPolicy | None) -> None:
+        """Create the sandbox (`sandbox_s` includes a pull of a missing image), ready
+        /testbed, run the step, evaluate. ImagePullError passes through: the caller decides."""
         self.progress(task.instance_id, "sandbox")
         t1 = time.perf_counter()
-        spec = task_spec(task, built.tag, memory_mb=self.memory_mb, disk_mb=self.disk_mb, cpu=self.cpu, egress=egress)
+        spec = task_spec(task, image, memory_mb=self.memory_mb, disk_mb=self.disk_mb, cpu=self.cpu, egress=egress,
+                         layout=layout)
         try:
             async with self.manager.sandbox(spec) as sb:
                 res.timings["sandbox_s"] = time.perf_counter() - t1
                 try:
-                    base = await prepare(sb, task, res.logs)
+                    base = await prepare(sb, task, res.logs, layout)
                 except RuntimeError as exc:
                     raise _Infra("setup", str(exc)) from exc
                 self.progress(task.instance_id, self.step.value)
@@ -246,10 +295,14 @@ class SWEDebugRunner:
                 step_error = await self._run_step(sb, task, res)
                 res.timings["step_s"] = time.perf_counter() - t2
                 self.progress(task.instance_id, "tests")
-                ev = await evaluate(sb, task, res.logs, base=base)
+                ev = await evaluate(sb, task, res.logs, base=base, layout=layout)
                 if egress is not None:  # what the task's network use was, allowed or not
                     entries = await sb.egress_log()
                     res.logs["egress"] = "".join(e.model_dump_json() + "\n" for e in entries)
+        except ImagePullError:
+            raise
+        except SpecError as exc:  # e.g. the vm profile without gVisor, refused before anything ran
+            raise _Infra("sandbox", f"the sandbox was refused: {error_text(exc)}") from exc
         except SandboxError as exc:
             raise _Infra("sandbox", f"sandbox failure: {error_text(exc)}") from exc
         res.applied_diff = ev.diff
@@ -334,6 +387,8 @@ def summary(results: Sequence[Any], step: str, wall_s: float | None = None) -> d
         "infra": sum(r.get("status") == "infra" for r in rows),
         "images_built": sum(r.get("image_reused") is False for r in rows),
         "images_reused": sum(r.get("image_reused") is True for r in rows),
+        "images_prebuilt": sum(r.get("image_source") == "prebuilt" for r in rows),
+        "prebuilt_fallbacks": sum(bool(r.get("image_fallback")) for r in rows),
         "instances": [{k: v for k, v in r.items() if k not in ("logs", "applied_diff", "tests", "tests_status")} for r in rows],
         "not_resolved": broken_report(rows),
         "infra_failures": [{"instance_id": r["instance_id"], "reason": r.get("infra_reason"), "error": r.get("error")}

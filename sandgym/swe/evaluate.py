@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from sandgym.sandboxes.result import ExecResult
 
 from .grading import MISSING, TESTS_TIMEOUT, ParserError, TestReport, grade_log
-from .images import setup_commands
+from .images import BUILT_LAYOUT, ImageLayout
 from .tasks import END_TEST_OUTPUT, START_TEST_OUTPUT, TESTBED, SWETask, diff_paths
 
 __all__ = ["MISSING", "SCRATCH", "Evaluation", "TestReport", "apply_patch", "evaluate", "prepare", "run_logged"]
@@ -51,12 +51,12 @@ async def run_logged(sb: Any, cmd: str, logs: dict[str, str], key: str, *, timeo
     return r
 
 
-async def prepare(sb: Any, task: SWETask, logs: dict[str, str]) -> str:
-    """Fill the fresh /testbed from the image's pristine copy; check it is at base_commit.
-    Returns the full commit id, which later diffs and test-file restores are taken against
+async def prepare(sb: Any, task: SWETask, logs: dict[str, str], layout: ImageLayout = BUILT_LAYOUT) -> str:
+    """Ready /testbed as the image's layout says (built images: fill the fresh /testbed from
+    the pristine copy; prebuilt: the image's own); check it is at base_commit. Returns the full commit id, which later diffs and test-file restores are taken against
     (HEAD may move: an agent can commit). A task with a setup patch (SWE-smith) starts at
     the commit that holds it, on top of base_commit."""
-    r = await run_logged(sb, setup_commands(TESTBED), logs, "setup", timeout=300, cwd="/")
+    r = await run_logged(sb, layout.setup, logs, "setup", timeout=300, cwd="/")
     if not r.ok:
         raise RuntimeError(f"setup failed (exit {r.exit_code}): {(r.stderr or r.stdout)[-500:]}")
     head = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
@@ -88,18 +88,21 @@ async def current_diff(sb: Any, base: str, logs: dict[str, str]) -> str:
     return r.stdout
 
 
-def eval_script(task: SWETask) -> str:
-    """The script whose output is the test log: eval commands, then the test command
-    between SWE-bench's markers; its exit status is the test command's."""
+def eval_script(task: SWETask, layout: ImageLayout = BUILT_LAYOUT) -> str:
+    """The script whose output is the test log: the layout's activation (a prebuilt image's
+    conda env), eval commands, then the test command between SWE-bench's markers; its exit
+    status is the test command's."""
     recipe = task.require_recipe()
-    lines = ["set -uo pipefail", f"cd {TESTBED}", *recipe.eval_commands,
+    lines = ["set -uo pipefail", f"cd {TESTBED}", *layout.activate, *recipe.eval_commands,
              f"echo {shlex.quote(START_TEST_OUTPUT)}", task.test_command(), "rc=$?",
              f"echo {shlex.quote(END_TEST_OUTPUT)}", "exit $rc"]
     return "\n".join(lines) + "\n"
 
 
-async def evaluate(sb: Any, task: SWETask, logs: dict[str, str] | None = None, *, base: str | None = None) -> Evaluation:
-    """`base`: the commit `prepare` returned (default: the task's base_commit)."""
+async def evaluate(sb: Any, task: SWETask, logs: dict[str, str] | None = None, *, base: str | None = None,
+                   layout: ImageLayout = BUILT_LAYOUT) -> Evaluation:
+    """`base`: the commit `prepare` returned (default: the task's base_commit); `layout`: the
+    image's (prebuilt images activate their conda env before the tests)."""
     logs = logs if logs is not None else {}
     ev = Evaluation(logs=logs)
     t0 = time.perf_counter()
@@ -125,7 +128,7 @@ async def evaluate(sb: Any, task: SWETask, logs: dict[str, str] | None = None, *
     ev.timings["prepare_tests_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     script = f"{SCRATCH}/eval.sh"
-    await sb.write_file(script, eval_script(task))
+    await sb.write_file(script, eval_script(task, layout))
     # One stream, in order (unittest reports on stderr).
     r = await sb.exec(f"bash {script} 2>&1", timeout=recipe.test_timeout_s, cwd=TESTBED)
     ev.timings["tests_s"] = time.perf_counter() - t1

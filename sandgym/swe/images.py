@@ -93,12 +93,28 @@ class BaseImageError(RuntimeError):
 
 
 class ImageSourceError(RuntimeError):
-    """The chosen image source cannot provide the task's image (prebuilt: issue 12)."""
+    """The chosen image source cannot provide the task's image (e.g. a SWE-smith row has no
+    SWE-bench instance image; a prebuilt image could not be pulled)."""
 
 
-def prebuilt_image(task: SWETask, namespace: str = "swebench", tag: str = "latest") -> str:
-    """SWE-bench's published instance image for a task (their naming: `__` is `_1776_`)."""
-    return f"{namespace}/sweb.eval.x86_64.{task.instance_id.replace('__', '_1776_')}:{tag}".lower()
+@dataclass(frozen=True)
+class ImageLayout:
+    """What differs between a task image built here and SWE-bench's prebuilt instance image;
+    everything else (the debug step, the test patch, the tests, the grading) is one code path.
+
+    `profile`/`user`: the sandbox profile and user (built: `strict`, whose /testbed is a fresh
+    per-sandbox disk filled from the pristine copy; prebuilt: `vm`, root on a writable root,
+    since the repository is the image's own root-owned /testbed). `env`: variables every
+    command sees (prebuilt: PATH with the conda env first). `setup`: shell, run in /, that
+    readies /testbed and prints its HEAD commit last. `activate`: lines the eval script runs
+    before the recipe's eval commands (prebuilt: the harness's conda activation)."""
+
+    source: str  # build | prebuilt
+    profile: str = "strict"
+    user: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    setup: str = ""
+    activate: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -212,6 +228,10 @@ def setup_commands(workdir: str = TESTBED) -> str:
     return f"cp -a {PRISTINE}/. {shlex.quote(workdir)}/ && git -C {shlex.quote(workdir)} rev-parse HEAD"
 
 
+# Images built here: /testbed is the sandbox's own fresh disk, filled from the pristine copy.
+BUILT_LAYOUT = ImageLayout(source="build", setup=setup_commands(TESTBED))
+
+
 class TaskImageBuilder:
     """Builds (or finds) the image of each task. Safe to share between concurrent tasks:
     one build per tag at a time, later callers wait and reuse it. Rows without a recipe
@@ -244,9 +264,10 @@ class TaskImageBuilder:
             self._client = docker.from_env(timeout=3600)
         return self._client
 
-    def resolve(self, task: SWETask) -> SWETask:
-        """The task with its recipe (or `recipe_error` saying why there is none)."""
-        return self.resolver.resolve(task)
+    def resolve(self, task: SWETask, *, prebuilt: bool = False) -> SWETask:
+        """The task with its recipe (or `recipe_error` saying why there is none); `prebuilt`:
+        only the test side, for a SWE-bench prebuilt image."""
+        return self.resolver.resolve(task, prebuilt=prebuilt)
 
     def resolve_all(self, tasks: Any) -> list[SWETask]:
         return self.resolver.resolve_all(tasks)

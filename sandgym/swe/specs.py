@@ -109,8 +109,10 @@ def requirements_from_repo(task: SWETask, repo: Path, paths: Iterable[str]) -> s
     return clean_requirements(text)
 
 
-def recipe_from_spec(task: SWETask, repo: Path | None) -> Recipe:
-    """The recipe swebench's spec gives `task.repo` at `task.version` (RecipeError if none)."""
+def recipe_from_spec(task: SWETask, repo: Path | None, *, env: bool = True) -> Recipe:
+    """The recipe swebench's spec gives `task.repo` at `task.version` (RecipeError if none).
+    `env=False` (a prebuilt SWE-bench image, whose conda env and install are done): only
+    what the tests need (test command, eval commands, env vars, parser); no repository."""
     c = swebench_constants()
     by_version = c.MAP_REPO_VERSION_TO_SPECS.get(task.repo)
     if by_version is None:
@@ -122,6 +124,17 @@ def recipe_from_spec(task: SWETask, repo: Path | None) -> Recipe:
                           f"{task.version!r} (known: {', '.join(sorted(by_version))}); give the row a `recipe` or pass --recipes FILE")
     if "test_cmd" not in spec:
         raise RecipeError(f"{task.instance_id}: the swebench spec for {task.repo} {task.version} has no test_cmd")
+    test_cmd = spec["test_cmd"]
+    if isinstance(test_cmd, list):
+        test_cmd = test_cmd[-1]
+    tests = dict(
+        python=str(spec["python"]), eval_commands=tuple(spec.get("eval_commands", [])), test_cmd=f"{test_cmd} {{tests}}",
+        log_parser="swebench", env=dict(spec.get("env", {}) or {}),
+        test_timeout_s=1800.0,  # run_evaluation's default --timeout
+    )
+    source = f"swebench {swebench_version()} spec {task.repo} {task.version}"
+    if not env:
+        return Recipe(**tests, pip=(), source=f"{source} (tests only: the prebuilt image holds the env)")
     pip: list[str] = []
     requirements = ""
     packages = spec.get("packages", "")
@@ -141,20 +154,13 @@ def recipe_from_spec(task: SWETask, repo: Path | None) -> Recipe:
     install = [c.MAP_REPO_TO_INSTALL[task.repo]] if c.MAP_REPO_TO_INSTALL.get(task.repo) else []
     if spec.get("install"):
         install.append(spec["install"])
-    test_cmd = spec["test_cmd"]
-    if isinstance(test_cmd, list):
-        test_cmd = test_cmd[-1]
     constraints, notes = [], []
     for pin in pins_for(task.repo, task.version):
         constraints.append(pin.requirement)
         notes.append(f"{pin.requirement}: {pin.why} (source: {pin.source})")
     return Recipe(
-        python=str(spec["python"]), pip=tuple(pip), requirements=requirements, constraints=tuple(constraints),
-        pre_install=tuple(spec.get("pre_install", [])), install=tuple(install),
-        eval_commands=tuple(spec.get("eval_commands", [])), test_cmd=f"{test_cmd} {{tests}}",
-        log_parser="swebench", env=dict(spec.get("env", {}) or {}),
-        test_timeout_s=1800.0,  # run_evaluation's default --timeout
-        source=f"swebench {swebench_version()} spec {task.repo} {task.version}", notes=tuple(notes),
+        **tests, pip=tuple(pip), requirements=requirements, constraints=tuple(constraints),
+        pre_install=tuple(spec.get("pre_install", [])), install=tuple(install), source=source, notes=tuple(notes),
     )
 
 
@@ -186,11 +192,14 @@ class RecipeResolver:
         self.mirrors = mirrors
         self.recipes = load_recipes_file(recipes) if isinstance(recipes, (str, os.PathLike)) else dict(recipes or {})
 
-    def resolve(self, task: SWETask) -> SWETask:
+    def resolve(self, task: SWETask, *, prebuilt: bool = False) -> SWETask:
+        """`prebuilt`: for a SWE-bench prebuilt image (a spec gives only the test side, and
+        needs no repository; `environment.yml` specs are fine there)."""
         if task.recipe is not None or task.recipe_error:
             return task
         try:
-            recipe = self._from_file(task) or recipe_from_spec(task, self._repo(task))
+            recipe = self._from_file(task) or (recipe_from_spec(task, None, env=False) if prebuilt
+                                               else recipe_from_spec(task, self._repo(task)))
         except RecipeError as exc:
             return task.model_copy(update={"recipe_error": str(exc)})
         return task.model_copy(update={"recipe": recipe})

@@ -9,11 +9,7 @@ import io
 import json
 import os
 import shutil
-import socket
 import subprocess
-import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -27,14 +23,14 @@ from sandgym.sandboxes.providers.docker import DockerProvider
 from sandgym.sandboxes.providers.docker.pull import PullProgress
 from sandgym.sandboxes.spec import SandboxSpec
 from tests.conftest import docker_ready
+from tests.registry import MISSING, REGISTRY, free_port, local_registry
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
 if docker_ready():
     pytest.skip(docker_ready() or "", allow_module_level=True)
-REGISTRY = shutil.which("docker-registry")
 if REGISTRY is None:
-    pytest.skip("docker-registry is not installed (apt-get install docker-registry)", allow_module_level=True)
+    pytest.skip(MISSING, allow_module_level=True)
 
 RUN = uuid.uuid4().hex[:12]
 LABELS = {**owner_labels("test-registry"), "sandgym.run": RUN}
@@ -50,12 +46,6 @@ class Registry:
         return f"{self.host}/sandgym-test/{name}:{RUN}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _bcrypt_htpasswd(path: Path) -> None:
     htpasswd = shutil.which("htpasswd")
     if htpasswd is None:
@@ -67,38 +57,11 @@ def _bcrypt_htpasswd(path: Path) -> None:
 @pytest.fixture(scope="module", params=["open", "htpasswd"])
 def registry(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     d = tmp_path_factory.mktemp(f"registry-{request.param}")
-    port = _free_port()
     auth = request.param == "htpasswd"
-    conf = [
-        "version: 0.1",
-        "log: {level: warn}",
-        f"storage: {{filesystem: {{rootdirectory: {d / 'data'}}}, delete: {{enabled: true}}}}",
-        f"http: {{addr: 127.0.0.1:{port}}}",
-    ]
     if auth:
         _bcrypt_htpasswd(d / "htpasswd")
-        conf.append(f"auth: {{htpasswd: {{realm: sandgym-test, path: {d / 'htpasswd'}}}}}")
-    (d / "config.yml").write_text("\n".join(conf) + "\n")
-    proc = subprocess.Popen([str(REGISTRY), "serve", str(d / "config.yml")], stdout=subprocess.DEVNULL,
-                            stderr=open(d / "registry.log", "wb"))
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2).close()
-                break
-            except urllib.error.HTTPError as e:
-                if e.code == 401:  # up, and asking for credentials
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"docker-registry did not start: {(d / 'registry.log').read_text()[-2000:]}")
-            time.sleep(0.1)
-        yield Registry(f"127.0.0.1:{port}", auth)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with local_registry(d, htpasswd=d / "htpasswd" if auth else None) as host:
+        yield Registry(host, auth)
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +187,7 @@ async def test_pull_failures_are_clear_and_not_retried(provider: DockerProvider,
     missing = registry.ref("nope")
     with pytest.raises(ImagePullError, match=r"is not present locally and pulling it failed: .*(manifest unknown|not found)"):
         await provider.create(SandboxSpec(image=missing, memory_mb=256, disk_mb=32), LABELS)
-    down = f"127.0.0.1:{_free_port()}/sandgym-test/x:1"
+    down = f"127.0.0.1:{free_port()}/sandgym-test/x:1"
     with pytest.raises(ImagePullError, match="connection refused"):
         await provider.create(SandboxSpec(image=down, memory_mb=256, disk_mb=32), LABELS)
     assert await provider.list({"sandgym.run": RUN}) == []
