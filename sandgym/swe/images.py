@@ -19,6 +19,9 @@ editable installs stay valid. Build steps use host networking; containers never 
 network. The hash covers the recipe, the repository's tree at base_commit and the commit
 id, and is kept in the tag and in labels: a second run finds the image and reuses it.
 
+What a sandbox must do differently for an image is its `ImageLayout` (`BUILT_LAYOUT` here;
+SWE-bench's prebuilt images have theirs in sandgym.swe.prebuilt).
+
 Hosts that reach PyPI through a TLS-intercepting proxy need its CA inside the build: the
 host's CA bundle (PIP_CERT, REQUESTS_CA_BUNDLE, SSL_CERT_FILE or the system default) is
 copied into the env image and given to build steps only (as build ARGs, not runtime ENV).
