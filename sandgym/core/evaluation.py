@@ -16,6 +16,8 @@ from typing import Any
 
 import anyio
 
+from sandgym.errors import UserError
+
 from .clients import ModelClient
 from .environment import Environment
 from .state import State
@@ -152,6 +154,26 @@ def summarize(records: Iterable[Mapping[str, Any]], *, pass_threshold: float = 1
     }
 
 
+# What makes records comparable: resuming into a folder that holds another policy's or
+# another checkpoint's records would silently mix two runs in one summary.
+_RUN_IDENTITY = ("env", "model", "sampling_args", "policy", "checkpoint", "env_args")
+
+
+def _same_run(path: Path, new: Mapping[str, Any]) -> None:
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return  # no readable meta: records written by an older version; resume as before
+    old = json.loads(json.dumps(old, default=str))
+    cur = json.loads(json.dumps(dict(new), default=str))
+    for key in _RUN_IDENTITY:
+        if key in old and key in cur and old[key] != cur[key]:
+            raise UserError(
+                f"{path.parent} holds records of another run ({key}: {old[key]!r}, now {cur[key]!r}); "
+                "resuming would mix them: choose another output folder or remove that one"
+            )
+
+
 async def run_eval(
     env: Environment,
     client: ModelClient,
@@ -189,6 +211,8 @@ async def run_eval(
         "sampling_args": dict(sampling_args or {}),
         **dict(meta or {}),
     }
+    if already:
+        _same_run(out / META, meta_doc)
     (out / META).write_text(json.dumps(meta_doc, indent=2, default=str))
     grouped = bool(env.rubric.group_funcs)
     limit = anyio.CapacityLimiter(max(1, concurrency))

@@ -28,7 +28,12 @@ training. The four question texts are shared by both splits; the numbers behind 
 demonstrations for `sandgym sft` without touching the held-out ones).
 
 The oracle calls the tool with the question's program and answers with what the sandbox
-printed.
+printed. With `oracle_accuracy` below 1 it is a tool user that knows the protocol but not
+always which computation a question asks for: it runs the question's program with that
+probability and one of the three others otherwise (drawn per task and rollout), and answers
+with what the program printed. Its unfiltered records are the warm start of the learning
+demonstration: SFT on them teaches the protocol and the tool call, and the choice of program
+only as well as the demonstrator made it; the sandbox-judged reward has to teach the rest.
 """
 
 from __future__ import annotations
@@ -77,8 +82,11 @@ def make_rows(count: int, seed: int = 0) -> list[dict[str, Any]]:
 
 
 class PyCalcEnv(SandboxEnv):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, oracle_accuracy: float = 1.0, **kwargs: Any) -> None:
+        if not 0.0 <= oracle_accuracy <= 1.0:
+            raise ValueError(f"oracle_accuracy must be between 0 and 1, got {oracle_accuracy!r}")
         super().__init__(*args, **kwargs)
+        self.oracle_accuracy = oracle_accuracy
         # Only `python` (a stateless `python3 -c` per call): no bash tool.
         self.tools.pop("bash", None)
         self.skipped_args.pop("bash", None)
@@ -102,7 +110,11 @@ class PyCalcEnv(SandboxEnv):
         last = messages[-1] if messages else {}
         if last.get("role") == "tool":
             return {"role": "assistant", "content": str(last.get("content") or "").strip()}
-        code = QUESTIONS[state.info["kind"]][1]
+        kind = state.info["kind"]
+        rng = random.Random(f"{state.example_id}/{state.rollout_index}")
+        if rng.random() >= self.oracle_accuracy:
+            kind = rng.choice([k for k in QUESTIONS if k != kind])
+        code = QUESTIONS[kind][1]
         return {"role": "assistant", "content": "", "tool_calls": [tool_call("python", {"code": code}, "call_0")]}
 
 
@@ -147,6 +159,7 @@ def load_environment(
     max_turns: int = 3,
     command_timeout_s: float = 10.0,
     sandbox_spec: SandboxSpec | None = None,
+    oracle_accuracy: float = 1.0,
     **kwargs: Any,
 ) -> PyCalcEnv:
     if split not in ("eval", "train"):
@@ -165,5 +178,6 @@ def load_environment(
         sandbox_spec=sandbox_spec or SandboxSpec(cpu=0.5, memory_mb=256, disk_mb=16, pids=64, exec_timeout_s=30),
         reuse_sandboxes=True,
         name="pycalc",
+        oracle_accuracy=oracle_accuracy,
         **kwargs,
     )

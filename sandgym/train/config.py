@@ -131,7 +131,13 @@ class OptimConfig(_Strict):
     lr: float = 1e-5
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.99)
+    # AdamW's epsilon. Adam scales every coordinate's step to about lr whatever its gradient;
+    # a larger eps leaves coordinates whose gradient is only noise (where rewarded and
+    # unrewarded samples cancel) nearly still instead.
+    eps: float = Field(1e-8, gt=0)
     warmup_steps: int = 0
+    # After warmup: constant, or decaying to 0 at `steps` (linear or cosine).
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
     grad_clip: float = 1.0
     micro_batch_tokens: int = Field(4096, gt=0)  # packing budget; micro-batches accumulate
     num_iterations: int = Field(1, gt=0)  # optimizer passes over each batch (GRPO's mu)

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import math
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -92,6 +92,22 @@ def empty_micro_batch(pad_id: int = 0) -> MicroBatch:
     )
 
 
+
+def lr_lambda(warmup_steps: int, total_steps: int, schedule: str) -> Callable[[int], float]:
+    """The learning-rate factor of optimizer step `s` (0-based): a linear warmup over
+    `warmup_steps`, then constant, or decaying linearly or along a cosine to 0 at
+    `total_steps` (a run then ends on small steps instead of wherever its last big one left it)."""
+
+    def factor(s: int) -> float:
+        if warmup_steps > 0 and s < warmup_steps:
+            return (s + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        frac = min(1.0, (s - warmup_steps) / max(1, total_steps - warmup_steps))
+        return 1.0 - frac if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
+
+    return factor
+
 class PolicyTrainer:
     def __init__(
         self,
@@ -131,12 +147,12 @@ class PolicyTrainer:
             [p for p in model.parameters() if p.requires_grad],
             lr=optim_cfg.lr,
             betas=optim_cfg.betas,
+            eps=optim_cfg.eps,
             weight_decay=optim_cfg.weight_decay,
             fused=device.type == "cuda",
         )
-        warm = optim_cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0
+            self.optimizer, lr_lambda(optim_cfg.warmup_steps, optim_cfg.steps, optim_cfg.schedule)
         )
         pad = getattr(getattr(model, "config", None), "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0

@@ -24,7 +24,7 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -60,6 +60,7 @@ class SFTOptimConfig(_Strict):
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.99)
     warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "linear", "cosine"] = "constant"  # after warmup (see OptimConfig)
     grad_clip: float = Field(1.0, gt=0)
     micro_batch_tokens: int = Field(8192, gt=0)
     seed: int = 0
@@ -97,6 +98,7 @@ def read_records(cfg: SFTDataConfig) -> list[dict[str, Any]]:
             p = p / "results.jsonl"
         if not p.is_file():
             raise UserError(f"data.paths: no records file at {p}")
+        records: list[dict[str, Any]] = []
         for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
             if not line.strip():
                 continue
@@ -108,12 +110,20 @@ def read_records(cfg: SFTDataConfig) -> list[dict[str, Any]]:
                 raise UserError(f"{p}:{n}: not a rollout record (no turns); give results.jsonl from `sandgym eval`")
             if rec.get("error") or float(rec.get("reward") or 0.0) < cfg.min_reward or not rec["turns"]:
                 continue
-            out.append(rec)
+            records.append(rec)
+        # `sandgym eval` writes records as rollouts finish, so a file's order depends on
+        # timing: train in task order, or the same seed would give another model per recording.
+        records.sort(key=lambda r: (_int(r.get("example_id")), _int(r.get("rollout_index"))))
+        out.extend(records)
     if cfg.max_records is not None:
         out = out[: cfg.max_records]
     if not out:
         raise UserError(f"data: no records without errors and with reward >= {cfg.min_reward} in {', '.join(cfg.paths)}")
     return out
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) else -1
 
 
 def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, total_tokens: float) -> torch.Tensor:
@@ -126,7 +136,7 @@ class SFTTrainer:
     def __init__(self, cfg: SFTConfig, on_step: Callable[[dict[str, float]], None] | None = None) -> None:
         from sandgym.train.attention import pick_kernel, use_varlen
         from sandgym.train.config import TrainConfig
-        from sandgym.train.policy import autocast_dtype, resolve_device
+        from sandgym.train.policy import autocast_dtype, lr_lambda, resolve_device
         from sandgym.train.trainer import load_model_and_tokenizer
         from sandgym.train.trajectory import record_to_sequence
 
@@ -149,9 +159,7 @@ class SFTTrainer:
         self.sequences: list[Sequence] = [record_to_sequence(r, self.tokenizer) for r in records]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps > 0 else 1.0
-        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o.warmup_steps, o.steps, o.schedule))
         self.rng = random.Random(o.seed)
         self.order: list[int] = []
         self.step = 0

@@ -189,3 +189,24 @@ def test_cli_eval_with_a_model_records_tokens_and_prints_json_last(tmp_path: Pat
         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"},
     )
     assert again.returncode != 0 and "holds a run of 'tool_use'" in again.stderr
+
+
+async def test_resume_refuses_a_folder_holding_another_runs_records(tmp_path: Path) -> None:
+    from sandgym.errors import UserError
+
+    def exact(completion, answer) -> float:  # noqa: ANN001
+        return float(completion[-1]["content"] == answer)
+
+    env = SingleTurnEnv(eval_dataset=[{"question": f"say {w}", "answer": w} for w in ("red", "blue")], rubric=Rubric([exact]), name="echo")
+    out = tmp_path / "run"
+    first = await run_eval(env, get_policy("oracle", env), "oracle", output_dir=out, num_examples=1, meta={"checkpoint": "a/step_12"})
+    assert first["num_rollouts"] == 1
+    # The same run, asked for more: resumes (one record kept, one added).
+    more = await run_eval(env, get_policy("oracle", env), "oracle", output_dir=out, num_examples=2, meta={"checkpoint": "a/step_12"})
+    assert more["num_rollouts"] == 2 and more["resumed_rollouts"] == 1
+    # Another checkpoint into the same folder would mix two policies in one summary.
+    with pytest.raises(UserError, match="checkpoint"):
+        await run_eval(env, get_policy("oracle", env), "oracle", output_dir=out, num_examples=2, meta={"checkpoint": "a/step_20"})
+    with pytest.raises(UserError, match="model"):
+        await run_eval(env, get_policy("null", env), "null", output_dir=out, num_examples=2, meta={"checkpoint": "a/step_12"})
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2

@@ -4,8 +4,9 @@ pycalc (sandgym/envs/pycalc.py): the numbers of each task exist only in the roll
 sandbox, so success needs a python tool call run there whose printed result the judge -- run
 in the same sandbox on the task's data -- accepts, then a closing final answer. For each seed:
 
-1. `sandgym sft` (examples/pycalc_sft.toml) on oracle demonstrations that `sandgym eval`
-   recorded on the training tasks: a deliberately partial warm start of a tiny random model;
+1. `sandgym sft` (examples/pycalc_sft.toml) on the unfiltered records that `sandgym eval`
+   made of a demonstrator on the training tasks: it knows the protocol but runs the question's
+   program only 40% of the time (`oracle_accuracy = 0.4`), and SFT imitates it;
 2. evaluation of the SFT policy on the 64 held-out tasks (sampling at temperature 1);
 3. `sandgym train` (examples/pycalc_grpo.toml): GRPO from the SFT checkpoint, token-in
    multi-turn rollouts, sandbox-judged reward;
@@ -37,21 +38,14 @@ SEEDS = (0, 1, 2)
 PROVIDER = os.environ.get("SANDGYM_GATE_PROVIDER", "docker")
 EVAL = {"num_examples": 64, "rollouts_per_example": 2, "temperature": 1.0, "max_tokens": 96, "concurrency": 32}
 
-# The gate does not pass yet (issue 13 stays open; per-seed numbers in benchmarks/RESULTS.md).
-# A known failure costs CI ~4 minutes and hides nothing new, so it runs only when asked:
-# SANDGYM_LEARNING_GATE=1 python3 -m pytest -q -s tests/train/test_learning_gate.py
-_skip = pytest.mark.skipif(
-    os.environ.get("SANDGYM_LEARNING_GATE") != "1",
-    reason="the pycalc learning gate does not pass yet (GRPO leaves SFT's ~0.4 held-out success where it is); "
-    "run it with SANDGYM_LEARNING_GATE=1",
-)
-pytestmark = [_skip, pytest.mark.docker] if PROVIDER == "docker" else [_skip]
+DEMONSTRATOR_ACCURACY = 0.4
+pytestmark = [pytest.mark.docker] if PROVIDER == "docker" else []
 
 
 @pytest.fixture(scope="module")
 def demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Oracle demonstrations on the training tasks, as `sandgym eval pycalc --policy oracle
-    -a split=train -n 256` records them."""
+    """The demonstrator's records on the training tasks, as `sandgym eval pycalc --policy
+    oracle -a split=train -a oracle_accuracy=0.4 -n 256` makes them."""
     if PROVIDER == "docker":
         from tests.conftest import require_docker
 
@@ -61,13 +55,14 @@ def demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from sandgym.core.policies import get_policy
 
     out = tmp_path_factory.mktemp("pycalc_demos")
-    env = envs.load_environment("pycalc", split="train")
+    env = envs.load_environment("pycalc", split="train", oracle_accuracy=DEMONSTRATOR_ACCURACY)
 
     async def main() -> dict[str, Any]:
         return await run_eval(env, get_policy("oracle", env), "oracle", output_dir=out, num_examples=256, concurrency=16, provider=PROVIDER)
 
     summary = anyio.run(main)
-    assert summary["reward_mean"] == 1.0 and summary["errors"] == 0
+    # Solved when it picked the right program (or a wrong one that printed the same digit).
+    assert summary["errors"] == 0 and DEMONSTRATOR_ACCURACY <= summary["reward_mean"] < 0.6, summary
     return out / "results.jsonl"
 
 

@@ -176,3 +176,28 @@ def test_sft_user_errors_are_one_line(tmp_path: Path, toml: str, says: str) -> N
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_sft_is_independent_of_record_order_and_decays_its_rate(tmp_path: Path) -> None:
+    """`sandgym eval` writes records as rollouts finish: two recordings of the same rollouts
+    train the same model for a seed. A cosine schedule ends on small steps."""
+    states = []
+    for i in range(8):
+        st = pycalc_record([10 + i, 20 * i + 11], kind="sum" if i % 2 else "len")
+        st.example_id = i
+        states.append(st)
+    weights, lrs = [], []
+    for name, order in (("a", states), ("b", states[::-1])):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(s.model_dump_json() + "\n" for s in order))
+        cfg = SFTConfig.model_validate(
+            {"data": {"paths": [str(path)]}, "optim": {"steps": 4, "batch_size": 2, "lr": 1e-2, "schedule": "cosine"},
+             "output": {"dir": str(tmp_path / f"sft_{name}")}}
+        )
+        hist = SFTTrainer(cfg).run()
+        lrs.append([m["lr"] for m in hist])
+        weights.append(torch.load(tmp_path / f"sft_{name}" / "checkpoints" / "step_000004" / "trainer_state.pt", weights_only=False)["model"])
+    for key, a in weights[0].items():
+        assert torch.equal(a, weights[1][key]), key
+    # The rate logged after each step: cosine from 1e-2 towards 0 over 4 steps.
+    assert lrs[0] == lrs[1] and lrs[0][0] < 1e-2 and all(x > y for x, y in zip(lrs[0], lrs[0][1:])) and lrs[0][-1] < 2e-3, lrs[0]
