@@ -22,7 +22,6 @@ from rich.text import Text
 console = Console(stderr=True)
 
 STEPS = ("gold_patch", "none", "command", "script")
-IMAGE_SOURCES = ("build", "prebuilt", "auto")
 IMAGE_SOURCE_HELP = ("build: task images built here, offline (default). prebuilt: SWE-bench's instance images "
                      "(swebench/sweb.eval.x86_64.<id>, `__` as `_1776_`), pulled when missing, from Docker Hub or --registry; "
                      "run as root on a writable root (the vm profile, gVisor); a failed pull is an infra failure of "
@@ -173,7 +172,7 @@ def register(app: typer.Typer) -> None:
 
         from sandgym.cli.errors import check_provider
         from sandgym.errors import UnknownNameError, UserError
-        from sandgym.swe.debug import summary
+        from sandgym.swe.debug import IMAGE_SOURCES, summary
         from sandgym.swe.store import RunStore
 
         if step not in STEPS:

@@ -164,7 +164,7 @@ def _same_run(path: Path, new: Mapping[str, Any]) -> None:
         old = json.loads(path.read_text())
     except (OSError, ValueError):
         return  # no readable meta: records written by an older version; resume as before
-    old = json.loads(json.dumps(old, default=str))
+    # The new meta as it will be written (default=str), so both sides compare as JSON.
     cur = json.loads(json.dumps(dict(new), default=str))
     for key in _RUN_IDENTITY:
         if key in old and key in cur and old[key] != cur[key]:

@@ -244,9 +244,7 @@ class SWEDebugRunner:
                 res.logs["prebuilt"] = res.image_fallback + "\n"
                 res.image = res.image_source = None
                 self.progress(task.instance_id, "fallback: build")
-        task = self.builder.resolve(task)
-        recipe = task.require_recipe()
-        res.python, res.recipe_source, res.recipe_notes = recipe.python, recipe.source, list(recipe.notes)
+        task = self._resolve(task, res, prebuilt=False)
         self.progress(task.instance_id, "image")
         try:
             built = await self.builder.ensure(task)
@@ -264,13 +262,18 @@ class SWEDebugRunner:
         except ImagePullError as exc:  # a built image is local: cannot happen, unless removed meanwhile
             raise _Infra("sandbox", error_text(exc)) from exc
 
+    def _resolve(self, task: SWETask, res: InstanceResult, *, prebuilt: bool) -> SWETask:
+        """The task with its recipe (a RecipeError when it has none), recorded in `res`."""
+        task = self.builder.resolve(task, prebuilt=prebuilt)
+        recipe = task.require_recipe()
+        res.python, res.recipe_source, res.recipe_notes = recipe.python, recipe.source, list(recipe.notes)
+        return task
+
     async def _run_prebuilt(self, task: SWETask, res: InstanceResult, egress: EgressPolicy | None) -> None:
         """The task in SWE-bench's instance image (pulled by the provider when missing).
         Raises ImageSourceError / ImagePullError when that image cannot be had."""
         image = self.prebuilt.image(task)
-        task = self.builder.resolve(task, prebuilt=True)
-        recipe = task.require_recipe()
-        res.python, res.recipe_source, res.recipe_notes = recipe.python, recipe.source, list(recipe.notes)
+        task = self._resolve(task, res, prebuilt=True)
         res.image, res.image_source = image, "prebuilt"
         self.progress(task.instance_id, "image (prebuilt)")
         await self._in_sandbox(task, res, image, PREBUILT_LAYOUT, egress)
