@@ -4,7 +4,8 @@
 - loss.py: the GRPO loss variants (token/sequence/constant normalisation,
   asymmetric clipping, KL to a reference, truncated importance sampling)
 - attention.py: packed varlen attention for transformers models (flash_attn, torch varlen, SDPA)
-- logprobs.py: chunked logprobs/entropy without materialising full-vocabulary logits
+- logprobs.py: chunked logprobs/entropy without materialising full-vocabulary logits, and the
+  choice of LM head kernel; fused_logprobs.py: TRL's and liger-kernel's fused LM heads
 - policy.py: one optimizer step on a batch of sequences (PolicyTrainer)
 - trainer.py: the loop (generate -> score -> advantages -> step -> push weights -> log/checkpoint)
 - backends/: inference behind an OpenAI-compatible server: base.py (GenRequest/GenResult, the

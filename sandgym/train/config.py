@@ -40,6 +40,11 @@ class ModelConfig(_Strict):
     attention: Literal["auto", "flash_attn", "torch_varlen", "sdpa"] = "auto"
     gradient_checkpointing: bool = False
     logprob_chunk_size: int = Field(1024, gt=0)
+    # LM head + logprob + entropy: "torch" (sandgym's chunked PyTorch path, any device), "trl"
+    # (TRL's fused Triton LM head; torch tiles without Triton), "liger" (liger-kernel's fused
+    # linear cross-entropy, CUDA only, no entropy metric). "auto": on CUDA the fastest one
+    # installed (trl, then liger, then torch: logprobs.AUTO_ORDER_CUDA), on CPU "torch".
+    logprob_kernel: Literal["auto", "torch", "trl", "liger"] = "auto"
     # Start from another run's weights (e.g. `sandgym sft`'s): a checkpoint folder or a run
     # folder (its newest checkpoint). Same architecture required; a resumed run ignores it.
     init_from: str | None = None

@@ -9,13 +9,18 @@ tensor is stored and autograd never walks the softmax graph. Softmax arithmetic 
 
 Only positions that are trained on need logprobs: `packed_logprobs(..., only=mask)` projects
 just those (prompt and tool tokens are skipped), as TRL's fused LM head also does.
+
+`HEAD_KERNELS` names the LM head + logprob implementations: "torch" (this module, any
+device) and the fused kernels of fused_logprobs.py; `pick_head_kernel` resolves "auto".
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
+
+from sandgym.train import fused_logprobs
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -102,6 +107,36 @@ def chunked_logprobs(
     return lp, ent.detach()
 
 
+HeadLogprobs = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+
+
+# (hidden (N, H), lm_head, targets (N,), chunk_size, temperature) -> (logprobs, entropy or None)
+HEAD_KERNELS: dict[str, HeadLogprobs] = {
+    "torch": chunked_logprobs,
+    "trl": fused_logprobs.trl_logprobs,
+    "liger": fused_logprobs.liger_logprobs,
+}
+# What "auto" picks on CUDA, first available, as measured on an H100 (forward + backward of
+# 16,384 positions x 151,936 vocabulary: trl 37 ms, liger 45 ms, torch 122 ms; and trl alone
+# also gives the entropy). CPU always gets "torch": TRL's CPU fallback is no faster there.
+AUTO_ORDER_CUDA = ("trl", "liger", "torch")
+
+
+def available_head_kernels(device: torch.device | str) -> list[str]:
+    dev = torch.device(device)
+    return [k for k in HEAD_KERNELS if k == "torch" or fused_logprobs.available(k, dev)]
+
+
+def pick_head_kernel(device: torch.device | str, requested: str = "auto") -> str:
+    dev = torch.device(device)
+    avail = available_head_kernels(dev)
+    if requested == "auto":
+        return next(k for k in AUTO_ORDER_CUDA if k in avail) if dev.type == "cuda" else "torch"
+    if requested not in avail:
+        raise ValueError(f"logprob kernel {requested!r} not available on {dev}; available: {avail}")
+    return requested
+
+
 def packed_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -113,10 +148,12 @@ def packed_logprobs(
     chunk_size: int = 1024,
     temperature: float = 1.0,
     only: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    head_kernel: str = "torch",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs (T,) of `targets` for a packed row through a transformers causal LM whose
-    attention implementation is sandgym's varlen one (see attention.use_varlen). With `only`
-    (a (T,) mask), positions outside it are not projected and read 0."""
+    attention implementation is sandgym's varlen one (see attention.use_varlen), and the
+    entropy (T,), or None where `head_kernel` computes none. With `only` (a (T,) mask),
+    positions outside it are not projected and read 0."""
     from sandgym.train.attention import packed_forward_kwargs
 
     # Indices first: nonzero() waits for the device, better before the forward is queued.
@@ -130,9 +167,10 @@ def packed_logprobs(
     )
     hidden = out.last_hidden_state[0]
     head = model.get_output_embeddings()
+    fn = HEAD_KERNELS[head_kernel]
     if idx is None:
-        return chunked_logprobs(hidden, head, targets, chunk_size, temperature)
-    lp_sel, ent_sel = chunked_logprobs(hidden.index_select(0, idx), head, targets.index_select(0, idx), chunk_size, temperature)
+        return fn(hidden, head, targets, chunk_size, temperature)
+    lp_sel, ent_sel = fn(hidden.index_select(0, idx), head, targets.index_select(0, idx), chunk_size, temperature)
     lp = lp_sel.new_zeros(targets.shape[0]).index_put((idx,), lp_sel)
-    ent = ent_sel.new_zeros(targets.shape[0]).index_put((idx,), ent_sel)
+    ent = ent_sel.new_zeros(targets.shape[0]).index_put((idx,), ent_sel) if ent_sel is not None else None
     return lp, ent

@@ -33,7 +33,7 @@ from sandgym.train.distributed import (
     optimizer_state_dict,
     shard_model,
 )
-from sandgym.train.logprobs import packed_logprobs
+from sandgym.train.logprobs import packed_logprobs, pick_head_kernel
 from sandgym.train.loss import LossConfig, StepNormalizer, grpo_loss
 
 log = logging.getLogger(__name__)
@@ -53,15 +53,16 @@ def autocast_dtype(model_cfg: ModelConfig, device: torch.device) -> torch.dtype 
 
 
 class LogprobModel(torch.nn.Module):
-    """A causal LM whose forward is: packed micro-batch -> (token logprobs, entropy)."""
+    """A causal LM whose forward is: packed micro-batch -> (token logprobs, entropy or None)."""
 
-    def __init__(self, model: torch.nn.Module, kernel: str, chunk_size: int) -> None:
+    def __init__(self, model: torch.nn.Module, kernel: str, chunk_size: int, head_kernel: str = "torch") -> None:
         super().__init__()
         self.model = model
         self.kernel = kernel
         self.chunk_size = chunk_size
+        self.head_kernel = head_kernel
 
-    def forward(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+    def forward(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor | None]:  # type: ignore[override]
         return packed_logprobs(
             self.model,
             mb.input_ids,
@@ -72,6 +73,7 @@ class LogprobModel(torch.nn.Module):
             kernel=self.kernel,
             chunk_size=self.chunk_size,
             only=mb.mask > 0,  # project only trained positions
+            head_kernel=self.head_kernel,
         )
 
 
@@ -130,15 +132,18 @@ class PolicyTrainer:
         use_varlen(model)
         if ref_model is not None:
             use_varlen(ref_model)
-        log.info("attention kernel: %s (device %s)", self.kernel, device)
+        self.head_kernel = pick_head_kernel(device, model_cfg.logprob_kernel)
+        log.info("attention kernel: %s, logprob kernel: %s (device %s)", self.kernel, self.head_kernel, device)
         if model_cfg.gradient_checkpointing:
             if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x name
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.amp_dtype = autocast_dtype(model_cfg, device)
-        self.lp_model = LogprobModel(model, self.kernel, model_cfg.logprob_chunk_size)
-        self.ref_lp_model = LogprobModel(ref_model, self.kernel, model_cfg.logprob_chunk_size) if ref_model is not None else None
+        self.lp_model = LogprobModel(model, self.kernel, model_cfg.logprob_chunk_size, self.head_kernel)
+        self.ref_lp_model = (
+            LogprobModel(ref_model, self.kernel, model_cfg.logprob_chunk_size, self.head_kernel) if ref_model is not None else None
+        )
         if dist.enabled:
             shard_model(model, self.lp_model)
             if ref_model is not None and self.ref_lp_model is not None:
@@ -176,7 +181,7 @@ class PolicyTrainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
-    def _logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         with self._amp():
             return model(mb)
 
@@ -237,7 +242,8 @@ class PolicyTrainer:
                 (loss * scale).backward() if scale != 1.0 else loss.backward()
                 m = mb.mask
                 stats["loss"] = loss.detach()
-                stats["entropy_sum"] = (ent * m).sum()
+                if ent is not None:  # the "liger" kernel computes none
+                    stats["entropy_sum"] = (ent * m).sum()
                 stats["train_tokens"] = torch.tensor(float(mb.num_tokens) if mb.seq_indices else 0.0)  # padding: 0
                 if use_inf:
                     stats["inf_diff_sum"] = ((old_lp.detach() - mb.inference_logprobs).abs() * m).sum()
@@ -260,7 +266,6 @@ class PolicyTrainer:
         ntok = host["train_tokens"]
         out = {
             "loss": host["loss"],
-            "entropy": host["entropy_sum"] / tokens,
             "clip_frac": host["clip_sum"] / tokens,
             "ratio_mean": host["ratio_sum"] / tokens,
             "grad_norm": gn if math.isfinite(gn) else float("nan"),
@@ -271,6 +276,8 @@ class PolicyTrainer:
             "train_s": dt,
             "train_tokens_per_s": ntok / dt if dt > 0 else 0.0,
         }
+        if "entropy_sum" in host:
+            out["entropy"] = host["entropy_sum"] / tokens
         if self.loss_cfg.kl_beta > 0:
             out["kl"] = host["kl_sum"] / tokens
         if use_inf:

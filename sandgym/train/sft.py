@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sandgym.errors import UserError
 from sandgym.train.batch import MicroBatch, Sequence, pack
 from sandgym.train.config import ModelConfig, load_toml, resolve_model_paths
-from sandgym.train.logprobs import packed_logprobs
+from sandgym.train.logprobs import packed_logprobs, pick_head_kernel
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +154,7 @@ class SFTTrainer:
             load_weights(model, cfg.model.init_from, cfg.model.model_dump(mode="json"))
         self.model = model.to(self.device)
         self.kernel = pick_kernel(self.device, cfg.model.attention)
+        self.head_kernel = pick_head_kernel(self.device, cfg.model.logprob_kernel)
         use_varlen(self.model)
         self.amp = autocast_dtype(cfg.model, self.device)
         self.sequences: list[Sequence] = [record_to_sequence(r, self.tokenizer) for r in records]
@@ -186,6 +187,7 @@ class SFTTrainer:
                 mb.targets,
                 kernel=self.kernel,
                 chunk_size=self.cfg.model.logprob_chunk_size,
+                head_kernel=self.head_kernel,
                 only=mb.mask > 0,
             )
         return lp
