@@ -260,7 +260,7 @@ def bench_head(heads: list[str], args: argparse.Namespace, dev: torch.device) ->
 
 def bench_sandgym(
     init: torch.nn.Module, seqs: list[Any], head: str, args: argparse.Namespace, dev: torch.device,
-    patch: Callable[[torch.nn.Module], None] | None = None, profile: bool = False,
+    patch: Callable[[torch.nn.Module], None] | None = None, profile: bool = False, compile_layers: bool = False,
 ) -> dict[str, Any]:
     from sandgym.train.config import ModelConfig, OptimConfig
     from sandgym.train.loss import LossConfig
@@ -269,7 +269,7 @@ def bench_sandgym(
     model = copy.deepcopy(init).to(dev)
     if patch is not None:
         patch(model)
-    mc = ModelConfig(attention=args.attention, gradient_checkpointing=args.grad_ckpt, logprob_chunk_size=args.chunk, logprob_kernel=head)
+    mc = ModelConfig(attention=args.attention, gradient_checkpointing=args.grad_ckpt, logprob_chunk_size=args.chunk, logprob_kernel=head, compile_layers=compile_layers)
     pt = PolicyTrainer(model, mc, OptimConfig(lr=1e-6, micro_batch_tokens=args.micro_tokens), LossConfig(normalization="token"), dev)
     times: list[float] = []
     metrics: dict[str, float] = {}
@@ -447,12 +447,6 @@ def bench_trl(init: torch.nn.Module, batch: dict[str, torch.Tensor], n_loss: int
     return res
 
 
-def compile_layers(model: torch.nn.Module) -> None:
-    """torch.compile each decoder layer (dynamic shapes: packed lengths vary per micro-batch)."""
-    for layer in model.model.layers:
-        layer.compile(dynamic=True)
-
-
 def liger_layers(model: torch.nn.Module) -> None:
     """liger-kernel's RMSNorm, SwiGLU and RoPE in a Qwen2 model (its LM head untouched)."""
     from liger_kernel.transformers import apply_liger_kernel_to_qwen2
@@ -580,7 +574,7 @@ def main() -> None:
             guarded(f"{kind}/sandgym[{h}]", 25, lambda h=h, prof=prof: bench_sandgym(init, seqs, h, args, dev, profile=prof))
         if args.compile_layers:
             best = fastest_head(sec, kind, runnable)
-            guarded(f"{kind}/sandgym[{best}+compiled layers]", 60, lambda best=best: bench_sandgym(init, seqs, best, args, dev, patch=compile_layers))
+            guarded(f"{kind}/sandgym[{best}+compiled layers]", 60, lambda best=best: bench_sandgym(init, seqs, best, args, dev, compile_layers=True))
         if "trl" not in skip:
             batch = to_trl_batch(rollouts, pad_id)
             guarded(f"{kind}/trl", 30, lambda batch=batch, kind=kind: bench_trl(init, batch, stats[kind]["trained_tokens"], args, dev))

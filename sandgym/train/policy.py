@@ -77,6 +77,15 @@ class LogprobModel(torch.nn.Module):
         )
 
 
+def compile_layers(model: torch.nn.Module) -> None:
+    """torch.compile each decoder layer in place, with dynamic shapes (packed micro-batches
+    differ in length). Layers, not the whole model: the attention call and the LM head stay
+    outside the graph, so sandgym's varlen kernels and fused heads run as they are."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    for layer in base.layers:
+        layer.compile(dynamic=True)
+
+
 def empty_micro_batch(pad_id: int = 0) -> MicroBatch:
     """One token, nothing trained: what a rank with fewer micro-batches runs so that every
     rank takes part in every FSDP collective."""
@@ -139,6 +148,10 @@ class PolicyTrainer:
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if model_cfg.compile_layers:
+            compile_layers(model)
+            if ref_model is not None:
+                compile_layers(ref_model)
         self.amp_dtype = autocast_dtype(model_cfg, device)
         self.lp_model = LogprobModel(model, self.kernel, model_cfg.logprob_chunk_size, self.head_kernel)
         self.ref_lp_model = (
