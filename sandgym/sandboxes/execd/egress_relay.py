@@ -39,7 +39,7 @@ def _carry(a: socket.socket, b: socket.socket) -> None:
                     except OSError:
                         return
                 sel.unregister(src)
-                open_in.discard(src)  # type: ignore[arg-type]
+                open_in.discard(src)
                 try:
                     dst.shutdown(socket.SHUT_WR)
                 except OSError:

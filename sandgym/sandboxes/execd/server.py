@@ -350,7 +350,7 @@ def _supervise(
         sel.register(proc.stdin, selectors.EVENT_WRITE, ("in", None))
     pidfd = -1
     try:  # pidfd: exit is an event like any other, no polling
-        pidfd = os.pidfd_open(proc.pid)  # type: ignore[attr-defined]
+        pidfd = os.pidfd_open(proc.pid)
         sel.register(pidfd, selectors.EVENT_READ, ("exit", None))
     except (AttributeError, OSError):
         pidfd = -1
@@ -388,7 +388,7 @@ def _supervise(
                         continue
                     if not chunk:
                         sel.unregister(key.fileobj)
-                        live.discard(key.fileobj)  # type: ignore[arg-type]
+                        live.discard(key.fileobj)
                         open_pipes -= 1
                         continue
                     kept = buf.write(chunk)
@@ -522,7 +522,7 @@ def put_archive(dest: str, data: bytes) -> None:
         os.makedirs(dest, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
             if hasattr(tarfile, "data_filter"):
-                tar.extractall(dest, filter="data")  # type: ignore[call-arg]
+                tar.extractall(dest, filter="data")
             else:
                 tar.extractall(dest, members=_safe_members(tar, dest))
     except OSError as exc:
@@ -565,7 +565,7 @@ def _exec_args(h: Dict[str, Any], blobs: List[bytes]) -> Dict[str, Any]:
 def _parallelism() -> int:
     """CPUs this sandbox may use: the affinity mask, bounded by a cgroup CPU quota."""
     try:
-        n = max(1, len(os.sched_getaffinity(0)))  # type: ignore[attr-defined]
+        n = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
         n = os.cpu_count() or 1
     quota = None

@@ -196,7 +196,7 @@ class PrimeSandbox(Sandbox):
                     if c is not None:
                         code = c
                         # `sandgym serve` says in the end event when it cut the output.
-                        truncated = "output truncated" in event.event.end.status
+                        truncated = "output truncated" in event.event.end.status  # type: ignore[attr-defined]  # prime-sandboxes types the stream as protobuf's base Message
             except ConnectError as e:
                 if e.code == Code.UNAUTHENTICATED and not reauthed:
                     reauthed = True

@@ -579,6 +579,7 @@ class DockerProvider:
         image = self.resolve_image(spec.image)
         loop_why = self._loop_unavailable()
         vm = spec.profile == "vm"
+        runtime: str | None
         if vm:
             default_user = "0:0"
             if self.runtime != "runc" and rt.gvisor:
@@ -708,7 +709,7 @@ class DockerProvider:
             if self.ca_bundle:
                 binds[str(self.ca_bundle)] = {"bind": CA_IN_SANDBOX, "mode": "ro"}
                 env.update(ca_env())
-        if execd:
+        if execd and socket_dir is not None:
             binds.update(execd_volumes(socket_dir))  # socket dir rw, execd's code ro
             # execd ends itself after ttl_s (or once its owner is gone), then the container
             # removes itself.
@@ -1066,7 +1067,7 @@ class DockerProvider:
             proxy, fwd = self._egress()
             box.egress_src = proxy.lease(name, spec.egress)
             assert proxy.port is not None
-            fwd.listen(box.sock_dir / EGRESS_SOCKET_NAME, box.egress_src, proxy.port)
+            fwd.listen(box.sock_dir / EGRESS_SOCKET_NAME, box.egress_src)
         self._boxes[cid] = box
         return cid, box
 
