@@ -77,7 +77,7 @@ def _resolve(service: Service, request: Request, user_ns: str, job_id: str) -> t
 
 
 def _event(**kw: object) -> pb.StartResponse:
-    return pb.StartResponse(event=pb.CommandSessionEvent(**kw))  # type: ignore[arg-type]
+    return pb.StartResponse(event=pb.CommandSessionEvent(**kw))
 
 
 def truncation_note(limit: int) -> str:
@@ -159,12 +159,12 @@ def build_router(service: Service) -> APIRouter:
             return _stream_error(codec, fault) if stream else _unary_error(fault)
         except SandboxGoneError as exc:
             service.sandbox_died(rec, exc)
-            fault = ConnectFault("not_found", str(exc))
-            return _stream_error(codec, fault) if stream else _unary_error(fault)
+            gone = ConnectFault("not_found", str(exc))
+            return _stream_error(codec, gone) if stream else _unary_error(gone)
         except Exception as exc:
             log.exception("gateway %s failed", method)
-            fault = ConnectFault("internal", f"{type(exc).__name__}: {exc}")
-            return _stream_error(codec, fault) if stream else _unary_error(fault)
+            internal = ConnectFault("internal", f"{type(exc).__name__}: {exc}")
+            return _stream_error(codec, internal) if stream else _unary_error(internal)
 
     # ---- files -------------------------------------------------------------------------
 
@@ -563,7 +563,7 @@ def _follow(sess: Session) -> AsyncIterator[pb.StartResponse]:
             yield _event(start=pb.CommandSessionEvent.StartEvent(pid=sess.process.pid))
             async for kind, value in recv:
                 if kind == "exit":
-                    yield _end(int(value))  # type: ignore[arg-type]
+                    yield _end(int(value))
                     return
                 yield from_data(kind, value)  # type: ignore[arg-type]
             if sess.error:

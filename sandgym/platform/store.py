@@ -24,7 +24,7 @@ from .egress import WirePolicy
 from .models import ENDED, CreateSandboxBody
 
 if TYPE_CHECKING:
-    from sandgym.sandboxes.base import Sandbox
+    from sandgym.sandboxes.manager import ManagedSandbox
     from sandgym.sandboxes.spec import SandboxSpec
 
     from .sessions import SessionTable
@@ -91,7 +91,7 @@ class Record:
     waiting_reason: str | None = None  # why a PENDING sandbox waits (not persisted)
     container_id: str | None = None
     egress: Egress = field(default_factory=Egress)
-    sandbox: Sandbox | None = None
+    sandbox: ManagedSandbox | None = None
     gw_token: str = ""  # the current gateway token in clear (memory only)
     gw_hash: str = ""
     gw_expires: float = 0.0
@@ -196,7 +196,7 @@ class Record:
             egress=Egress.from_row(row["egress"]) if row.get("egress") else Egress(),
             gw_hash=row.get("gw_hash", ""),
             gw_expires=row.get("gw_expires", 0.0),
-            gw_prev=tuple(row.get("gw_prev") or ("", 0.0)),  # type: ignore[arg-type]
+            gw_prev=tuple(row.get("gw_prev") or ("", 0.0)),
             last_active=row.get("last_active") or time.time(),
         )
 

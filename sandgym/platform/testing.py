@@ -54,7 +54,7 @@ class ServerThread:
 
     @property
     def service(self) -> Service:
-        return self.app.state.service  # type: ignore[no-any-return]
+        return self.app.state.service
 
     def start(self, timeout: float = 30.0) -> "ServerThread":
         self._thread.start()
