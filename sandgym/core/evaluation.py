@@ -225,7 +225,7 @@ async def run_eval(
             on_record(rec)
 
     started = 0
-    pool = {"mgr": None, "target": 0}
+    pool: dict[str, Any] = {"mgr": None, "target": 0}  # the session's manager, its warm target
 
     async def shrink_pool() -> None:
         # Near the end, stop the warm pool from making sandboxes no rollout will use.
@@ -266,8 +266,8 @@ async def run_eval(
                     pending: dict[int, tuple[Mapping[str, Any], list[int]]] = {}
                     for row, i in todo:
                         pending.setdefault(int(row["example_id"]), (row, []))[1].append(i)
-                    for row, indices in pending.values():
-                        tg.start_soon(group, row, indices)
+                    for first, indices in pending.values():
+                        tg.start_soon(group, first, indices)
                 else:
                     for row, i in todo:
                         tg.start_soon(one, row, i, None)
