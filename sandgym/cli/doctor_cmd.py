@@ -45,7 +45,7 @@ def _docker_checks() -> list[Check]:
     return checks + _isolation_checks(client, info)
 
 
-def _isolation_checks(client: object, info: dict) -> list[Check]:  # type: ignore[type-arg]
+def _isolation_checks(client: object, info: dict) -> list[Check]:
     """gVisor (profile vm), per-sandbox disks, the egress proxy."""
     from sandgym.sandboxes.egress.proxy import squid_binary
     from sandgym.sandboxes.providers.docker import runtime as rt

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:  # docker's SDK is imported when a command needs it
+    from rich.progress import TaskID
+
+    from sandgym.sandboxes.providers.docker.pull import PullProgress
 
 err = Console(stderr=True)
 
@@ -34,32 +40,32 @@ def _aliases(values: list[str] | None) -> dict[str, str]:
     return out
 
 
-def _pull_progress() -> "Callable[[object], None]":  # noqa: F821
+def _pull_progress() -> Callable[[PullProgress], None]:
     """Pull progress: a bar on a terminal, a line per finished layer otherwise."""
     if err.is_terminal:
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
         bar = Progress(TextColumn("pulling {task.description}"), BarColumn(), DownloadColumn(),
                        console=err, transient=True)
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
-        def show(ev: object) -> None:
-            image, done, total = ev.image, ev.done_bytes, ev.total_bytes  # type: ignore[attr-defined]
+        def show(ev: PullProgress) -> None:
+            image, done, total = ev.image, ev.done_bytes, ev.total_bytes
             if image not in tasks:
                 bar.start()
                 tasks[image] = bar.add_task(image, total=None)
             bar.update(tasks[image], completed=done, total=total or None)
-            if str(ev.status).startswith("Status:"):  # type: ignore[attr-defined]
+            if str(ev.status).startswith("Status:"):
                 bar.stop()
-                err.print(f"[dim]{escape(str(ev.status))}[/]")  # type: ignore[attr-defined]
+                err.print(f"[dim]{escape(str(ev.status))}[/]")
 
         return show
 
-    def log(ev: object) -> None:
-        status = str(ev.status)  # type: ignore[attr-defined]
+    def log(ev: PullProgress) -> None:
+        status = str(ev.status)
         if status in ("Pull complete", "Already exists") or status.startswith(("Pulling from", "Status:")):
-            layer = f" {ev.layer}" if ev.layer and not status.startswith("Pulling") else ""  # type: ignore[attr-defined]
-            print(f"pull {ev.image}: {status}{layer}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
+            layer = f" {ev.layer}" if ev.layer and not status.startswith("Pulling") else ""
+            print(f"pull {ev.image}: {status}{layer}", file=sys.stderr, flush=True)
 
     return log
 
