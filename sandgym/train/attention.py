@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +203,7 @@ def register() -> str:
     return ATTN_IMPL
 
 
-def use_varlen(model: torch.nn.Module) -> None:
+def use_varlen(model: PreTrainedModel) -> None:
     """Switch a transformers model to the packed-attention implementation."""
     register()
     if hasattr(model, "set_attn_implementation"):

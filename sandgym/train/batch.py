@@ -219,8 +219,8 @@ def plan_packing(lengths: list[int], max_tokens: int) -> list[list[int]]:
         else:
             bins.append([i])
             room.append(max(max_tokens - n, 0))
-    for b in bins:
-        b.sort()  # keep step order inside a micro-batch (deterministic, readable)
+    for group in bins:
+        group.sort()  # keep step order inside a micro-batch (deterministic, readable)
     return bins
 
 

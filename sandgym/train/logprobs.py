@@ -13,9 +13,12 @@ just those (prompt and tool tokens are skipped), as TRL's fused LM head also doe
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -24,7 +27,7 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 class ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int, inv_temp: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n = hidden.shape[0]
@@ -52,7 +55,7 @@ class ChunkedLogprobs(torch.autograd.Function):
         return lp, ent
 
     @staticmethod
-    def backward(ctx: Any, grad_lp: torch.Tensor, grad_ent: torch.Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_lp: torch.Tensor, grad_ent: torch.Tensor | None) -> tuple[Any, ...]:
         hidden, weight, targets, logz = ctx.saved_tensors
         chunk, inv_temp = ctx.chunk, ctx.inv_temp
         acc = logz.dtype
@@ -74,12 +77,12 @@ class ChunkedLogprobs(torch.autograd.Function):
             if inv_temp != 1.0:
                 d.mul_(inv_temp)
             d16 = d.to(hidden.dtype)
-            if need_h:
+            if grad_h is not None:  # needed
                 grad_h[s:e] = d16 @ w
-            if need_w:
+            if grad_w is not None:
                 grad_w.add_((d16.t() @ hidden[s:e]).to(acc))
             del logits, d, d16
-        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None
+        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None
 
 
 def chunked_logprobs(
@@ -103,7 +106,7 @@ def chunked_logprobs(
 
 
 def packed_logprobs(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
     cu_seqlens: torch.Tensor,

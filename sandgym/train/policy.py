@@ -16,7 +16,7 @@ import contextlib
 import logging
 import math
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -35,6 +35,9 @@ from sandgym.train.distributed import (
 )
 from sandgym.train.logprobs import packed_logprobs
 from sandgym.train.loss import LossConfig, StepNormalizer, grpo_loss
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +58,13 @@ def autocast_dtype(model_cfg: ModelConfig, device: torch.device) -> torch.dtype 
 class LogprobModel(torch.nn.Module):
     """A causal LM whose forward is: packed micro-batch -> (token logprobs, entropy)."""
 
-    def __init__(self, model: torch.nn.Module, kernel: str, chunk_size: int) -> None:
+    def __init__(self, model: PreTrainedModel, kernel: str, chunk_size: int) -> None:
         super().__init__()
         self.model = model
         self.kernel = kernel
         self.chunk_size = chunk_size
 
-    def forward(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+    def forward(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
         return packed_logprobs(
             self.model,
             mb.input_ids,
@@ -111,12 +114,12 @@ def lr_lambda(warmup_steps: int, total_steps: int, schedule: str) -> Callable[[i
 class PolicyTrainer:
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         model_cfg: ModelConfig,
         optim_cfg: OptimConfig,
         loss_cfg: LossConfig,
         device: torch.device,
-        ref_model: torch.nn.Module | None = None,
+        ref_model: PreTrainedModel | None = None,
         dist: Dist = SINGLE,
     ) -> None:
         self.model = model
@@ -222,7 +225,8 @@ class PolicyTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             for i, mb in enumerate(mbs):
                 lp, ent = self._logprobs(self.lp_model, mb)
-                old_lp = old[i] if old[i] is not None else lp.detach()
+                prev = old[i]
+                old_lp = prev if prev is not None else lp.detach()
                 loss, stats = grpo_loss(
                     lp,
                     old_lp,

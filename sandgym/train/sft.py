@@ -152,7 +152,7 @@ class SFTTrainer:
             from sandgym.train.checkpoints import load_weights
 
             load_weights(model, cfg.model.init_from, cfg.model.model_dump(mode="json"))
-        self.model = model.to(self.device)
+        self.model = model.to(self.device)  # type: ignore[arg-type]  # transformers wraps PreTrainedModel.to with functools.wraps, which hides the bound self from mypy
         self.kernel = pick_kernel(self.device, cfg.model.attention)
         use_varlen(self.model)
         self.amp = autocast_dtype(cfg.model, self.device)
@@ -166,7 +166,7 @@ class SFTTrainer:
 
     def next_batch(self) -> list[Sequence]:
         """`batch_size` sequences, shuffled epochs over the data (deterministic per seed)."""
-        out = []
+        out: list[Sequence] = []
         while len(out) < self.cfg.optim.batch_size:
             if not self.order:
                 self.order = list(range(len(self.sequences)))
