@@ -144,7 +144,7 @@ class _Box:
     """Host-side resources of one container, released by `remove`."""
 
     name: str
-    plan: Plan
+    plan: Plan | None  # None: a container found only to be removed (not made by this object)
     sock_dir: Path | None = None  # execd's socket and/or the owner's lifeline FIFO
     execd: bool = False  # the main process is execd (its socket in sock_dir)
     lifeline: Lifeline | None = None  # our end of the owner's lifeline, held until removal
@@ -295,7 +295,7 @@ class DockerSandbox(Sandbox):
         workdir, /tmp and /dev/shm. False when it could not (then destroy, do not reuse)."""
         if self._closed or not isinstance(self.transport, DockerExecdTransport):
             return False
-        if self.box is not None and self.box.plan.writable_root:
+        if self.box is not None and self.box.plan is not None and self.box.plan.writable_root:
             return False  # a writable root cannot be made like new: never hand it to another user
         try:
             res = await self.transport.reset(self.spec.workdir)
@@ -1118,7 +1118,7 @@ class DockerProvider:
                 found = self.api.inspect_container(sandbox_id)
                 lab = found["Config"]["Labels"] or {}
                 name = str(found.get("Name", "")).lstrip("/")
-                box = _Box(name=name, plan=None)  # type: ignore[arg-type]
+                box = _Box(name=name, plan=None)
                 box.sock_dir = Path(lab[LABEL_SOCKET_DIR]) if LABEL_SOCKET_DIR in lab else None
                 box.disk = self.disks.path(name).exists() if name else False
             except docker.errors.APIError:

@@ -324,7 +324,7 @@ def _data_filter(m: tarfile.TarInfo) -> tarfile.TarInfo | None:
         mode = (mode if mode & 0o100 else mode & ~0o111) | 0o600
     f = copy.copy(m)  # TarInfo.replace() is 3.11.4+ too
     f.name = name
-    f.mode = None if m.isdir() or m.issym() else mode  # type: ignore[assignment]
+    f.mode = None if m.isdir() or m.issym() else mode  # type: ignore[assignment]  # None: extraction sets no mode (tarfile allows it; typeshed says int)
     return f
 
 
