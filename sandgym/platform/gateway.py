@@ -19,6 +19,7 @@ from typing import Any
 
 from fastapi import APIRouter, File, Query, Request, UploadFile
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from google.protobuf.message import Message
 from prime_sandboxes._proto.command_session import command_session_pb2 as pb
 
 from sandgym.sandboxes.base import Sandbox
@@ -383,8 +384,8 @@ RPCS: dict[str, Rpc] = {
 # ---- Connect plumbing ------------------------------------------------------------------
 
 
-def _unary(codec: Codec, msg: object) -> Response:
-    return Response(codec.encode(msg), media_type=codec.unary_content_type())  # type: ignore[arg-type]
+def _unary(codec: Codec, msg: Message) -> Response:
+    return Response(codec.encode(msg), media_type=codec.unary_content_type())
 
 
 def _unary_error(fault: ConnectFault) -> Response:
@@ -565,7 +566,8 @@ def _follow(sess: Session) -> AsyncIterator[pb.StartResponse]:
                 if kind == "exit":
                     yield _end(int(value))
                     return
-                yield from_data(kind, value)  # type: ignore[arg-type]
+                if isinstance(value, bytes):  # ("stdout" | "stderr", bytes)
+                    yield from_data(kind, value)
             if sess.error:
                 raise ConnectFault("internal", f"live process failed: {sess.error}")
         finally:
