@@ -16,7 +16,9 @@ from rich.table import Table
 if TYPE_CHECKING:  # docker's SDK is imported when a command needs it
     from rich.progress import TaskID
 
+    from sandgym.sandboxes.ownership import PruneReport
     from sandgym.sandboxes.providers.docker.pull import PullProgress
+    from sandgym.sandboxes.result import ExecResult
 
 err = Console(stderr=True)
 
@@ -118,7 +120,7 @@ def register(app: typer.Typer) -> None:
         elif image_alias or egress_host_port:
             raise UserError("--image-alias and --egress-host-port are options of the docker provider")
 
-        async def go() -> object:
+        async def go() -> ExecResult:
             async with SandboxManager(provider, max_sandboxes=1, provider_options=options, create_retries=0) as mgr:
                 async with mgr.sandbox(spec) as sb:
                     argv = cmd[0] if len(cmd) == 1 else cmd
@@ -129,13 +131,13 @@ def register(app: typer.Typer) -> None:
         except SandboxError as exc:  # could not make or use the sandbox: say why, one line
             exit_for_user_error(exc, f"sandbox: {exc}")
         if as_json:
-            print(result.model_dump_json())  # type: ignore[attr-defined]
+            print(result.model_dump_json())
         else:
-            sys.stdout.buffer.write(result.stdout_bytes)  # type: ignore[attr-defined]
-            sys.stderr.buffer.write(result.stderr_bytes)  # type: ignore[attr-defined]
+            sys.stdout.buffer.write(result.stdout_bytes)
+            sys.stderr.buffer.write(result.stderr_bytes)
             flags = [k for k in ("timed_out", "oom_killed", "truncated") if getattr(result, k)]
-            err.print(f"[dim]exit {result.exit_code} in {result.duration_s:.3f}s {' '.join(flags)}[/]")  # type: ignore[attr-defined]
-        raise typer.Exit(0 if result.exit_code == 0 else 1)  # type: ignore[attr-defined]
+            err.print(f"[dim]exit {result.exit_code} in {result.duration_s:.3f}s {' '.join(flags)}[/]")
+        raise typer.Exit(0 if result.exit_code == 0 else 1)
 
     @sandbox.command("ls")
     def ls_cmd(
@@ -211,7 +213,7 @@ def register(app: typer.Typer) -> None:
 
         from sandgym.sandboxes import get_provider, prune
 
-        async def go():  # type: ignore[no-untyped-def]
+        async def go() -> PruneReport:
             p = get_provider(provider)
             try:
                 return await prune(p, everything=everything)
