@@ -343,7 +343,7 @@ def load_environment(
     if kind == "single_turn":
         # The scorer imports BFCL's runner (every vendor SDK): give it room.
         spec = sandbox_spec or SandboxSpec(image=data.BFCL_IMAGE, cpu=1.0, memory_mb=1024, disk_mb=64, exec_timeout_s=300)
-        env: MultiTurnEnv = BFCLSingleTurnEnv(
+        env: BFCLSingleTurnEnv | BFCLMultiTurnEnv = BFCLSingleTurnEnv(
             eval_dataset=rows, rubric=rubric, sandbox_spec=spec, entries=entries, bfcl_model=model,
             name="bfcl_v4_single_turn", **kwargs,
         )  # fmt: skip
@@ -353,6 +353,6 @@ def load_environment(
             eval_dataset=rows, rubric=rubric, sandbox_spec=spec, entries=entries, bfcl_model=model,
             name="bfcl_v4_multi_turn", **kwargs,
         )  # fmt: skip
-    rubric.add_reward_func(env.bfcl_valid, 1.0)  # type: ignore[attr-defined]
+    rubric.add_reward_func(env.bfcl_valid, 1.0)
     rubric.add_metric(tool_calls)
     return env
