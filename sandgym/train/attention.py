@@ -34,7 +34,7 @@ ATTN_IMPL = "sandgym_varlen"
 @functools.cache
 def _flash_attn_func() -> Any:
     try:
-        from flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found]
+        from flash_attn import flash_attn_varlen_func
     except Exception:  # not installed, or built against another torch
         return None
     return flash_attn_varlen_func

@@ -422,7 +422,7 @@ class Trainer:
             self.load_checkpoint(ck)
         if main and cfg.output.wandb_project:
             try:
-                import wandb  # type: ignore[import-not-found]
+                import wandb
 
                 self._wandb = wandb.init(project=cfg.output.wandb_project, config=cfg.model_dump(mode="json"))
             except ImportError:
