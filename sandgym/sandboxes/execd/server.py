@@ -327,7 +327,7 @@ def run_command(
 
 
 def _supervise(
-    proc: "subprocess.Popen[bytes]",
+    proc: subprocess.Popen[bytes],
     stdin: Optional[bytes],
     timeout: float,
     limit: int,

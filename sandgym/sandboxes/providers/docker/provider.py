@@ -46,6 +46,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -64,10 +65,10 @@ from ...live import LiveProcess
 from ...ownership import Lifeline, lifeline_grace_s, stamp_owner
 from ...result import EgressLogEntry, ExecResult, SandboxInfo
 from ...spec import LABEL_OWNER, EgressPolicy, SandboxSpec
-from .exec import KILLED_EXIT, DockerExecTransport
-from .execd import DockerExecdTransport, SocketDirs, execd_volumes
 from .disk import RESERVE_MB, LoopDisks
 from .events import ExitWatcher
+from .exec import KILLED_EXIT, DockerExecTransport
+from .execd import DockerExecdTransport, SocketDirs, execd_volumes
 from .live import DockerLiveProcess
 from .pull import Puller, PullProgress
 from .runtime import (
@@ -1164,9 +1165,9 @@ def _age_s(started_at: str) -> float:
     m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?", started_at)
     if not m:
         return 0.0
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    t = datetime.strptime(m[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    t = datetime.strptime(m[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
     return max(0.0, time.time() - t - float(f"0.{m[2] or 0}"))
 
 

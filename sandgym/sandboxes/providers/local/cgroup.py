@@ -54,7 +54,7 @@ class CgroupSet:
     @classmethod
     def create(
         cls, parents: dict[str, str], name: str, *, memory_mb: int, pids: int, cpu: float
-    ) -> "CgroupSet":
+    ) -> CgroupSet:
         made: dict[str, str] = {}
         try:
             for parent in dict.fromkeys(parents.values()):

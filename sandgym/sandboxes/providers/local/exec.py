@@ -146,7 +146,7 @@ async def run_process(
     try:
         try:
             await asyncio.wait_for(_exited(proc), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             timed_out = True
             # The process group holds the command (and, under bwrap, the namespace's init,
             # whose death takes every process in the pid namespace with it).

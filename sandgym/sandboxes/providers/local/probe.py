@@ -13,8 +13,8 @@ import functools
 import json
 import os
 import select
-import signal
 import shutil
+import signal
 import subprocess
 import tempfile
 import time

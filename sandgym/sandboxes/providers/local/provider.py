@@ -46,9 +46,9 @@ from pydantic import BaseModel, Field
 
 from ...base import Command, Sandbox, as_bytes, shell_argv
 from ...errors import SandboxCreateError, SandboxError, SandboxGoneError, SpecError
+from ...ownership import Lifeline, lifeline_grace_s, process_start_time, stamp_owner
 from ...result import ExecResult, SandboxInfo
 from ...spec import EgressPolicy, SandboxSpec, host_cpus
-from ...ownership import Lifeline, lifeline_grace_s, process_start_time, stamp_owner
 from .cgroup import CgroupSet, kill_until_gone, pids_of_uid, pids_with_env
 from .exec import Launch, run_process
 from .fs import SandboxFS
@@ -193,7 +193,7 @@ class LocalProvider:
 
     # ---- lifecycle -------------------------------------------------------------------
 
-    async def create(self, spec: SandboxSpec, labels: Mapping[str, str]) -> "LocalSandbox":
+    async def create(self, spec: SandboxSpec, labels: Mapping[str, str]) -> LocalSandbox:
         self.check(spec)
         mode = self.mode
         if mode == "plain":
@@ -202,7 +202,7 @@ class LocalProvider:
         all_labels = stamp_owner({**spec.labels, **labels})
         return await anyio.to_thread.run_sync(self._create_sync, spec, all_labels, mode)
 
-    def _create_sync(self, spec: SandboxSpec, labels: dict[str, str], mode: str) -> "LocalSandbox":
+    def _create_sync(self, spec: SandboxSpec, labels: dict[str, str], mode: str) -> LocalSandbox:
         caps = self.capabilities
         self.root.mkdir(parents=True, exist_ok=True)
         if caps.root:

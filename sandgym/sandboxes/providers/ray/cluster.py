@@ -252,7 +252,7 @@ class LocalCluster:
             self._cluster = None
             self._nodes.clear()
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         self.start()
         return self
 

@@ -39,7 +39,6 @@ import anyio
 from ...errors import SandboxCreateError, SandboxError, SandboxLostError, SpecError
 from ...result import SandboxInfo
 from ...spec import SandboxSpec
-
 from .cluster import NAMESPACE, NODE_RESOURCE_PREFIX, connect, node_name_of
 from .ratelimit import Backoff, TokenBucket
 
