@@ -14,7 +14,7 @@ import logging
 import uuid as uuidlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, File, Query, Request, UploadFile
@@ -201,7 +201,7 @@ def build_router(service: Service) -> APIRouter:
         finally:
             rec.active_ops -= 1
         rec.log(f"upload {path} ({len(data)} bytes)")
-        out = UploadOut(success=True, path=sb.resolve(path), size=len(data), timestamp=datetime.now(timezone.utc))
+        out = UploadOut(success=True, path=sb.resolve(path), size=len(data), timestamp=datetime.now(UTC))
         return JSONResponse(out.model_dump(mode="json"))
 
     async def _read(request: Request, user_ns: str, job_id: str, path: str) -> bytes | Response:

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .db import StateDB
@@ -34,7 +34,7 @@ LOG_LINES = 500
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _ts(d: datetime | None) -> float | None:
@@ -42,7 +42,7 @@ def _ts(d: datetime | None) -> float | None:
 
 
 def _dt(t: float | None) -> datetime | None:
-    return datetime.fromtimestamp(t, tz=timezone.utc) if t is not None else None
+    return datetime.fromtimestamp(t, tz=UTC) if t is not None else None
 
 
 def token_hash(token: str) -> str:
@@ -68,7 +68,7 @@ class Egress:
                 "applied_generation": self.applied_generation, "error": self.error}
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "Egress":
+    def from_row(cls, row: dict[str, Any]) -> Egress:
         return cls(WirePolicy(**row["policy"]), row["generation"], row["applied_generation"], row.get("error"))
 
 
@@ -174,7 +174,7 @@ class Record:
         }
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "Record":
+    def from_row(cls, row: dict[str, Any]) -> Record:
         from sandgym.sandboxes.spec import SandboxSpec
 
         return cls(
