@@ -111,7 +111,7 @@ def summarize(records: Iterable[Mapping[str, Any]], *, pass_threshold: float = 1
     valid attempts; `reward_mean_with_failures` counts failures as 0 (what naive tools report)."""
     recs = list(records)
     rewards = [float(r.get("reward") or 0.0) for r in recs]
-    valid = [(r, rew) for r, rew in zip(recs, rewards) if not r.get("error")]
+    valid = [(r, rew) for r, rew in zip(recs, rewards, strict=True) if not r.get("error")]
     valid_rewards = [rew for _, rew in valid]
     by_example: dict[int, list[float]] = defaultdict(list)
     for r, rew in valid:

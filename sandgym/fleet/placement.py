@@ -67,7 +67,7 @@ class TrainingPlacement:
         self.trainers: Any = None
         self.inference: Any = None
 
-    def reserve(self, timeout_s: float = 60.0) -> "TrainingPlacement":
+    def reserve(self, timeout_s: float = 60.0) -> TrainingPlacement:
         from ray.util.placement_group import placement_group
 
         from sandgym.sandboxes.providers.ray.cluster import connect
@@ -128,7 +128,7 @@ class TrainingPlacement:
                 remove_placement_group(pg)
         self.trainers = self.inference = None
 
-    def __enter__(self) -> "TrainingPlacement":
+    def __enter__(self) -> TrainingPlacement:
         return self.reserve()
 
     def __exit__(self, *exc: object) -> None:
