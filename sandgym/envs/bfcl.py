@@ -149,7 +149,7 @@ class BFCLSingleTurnEnv(_BFCLMixin, SingleTurnEnv):
     ) -> AsyncIterator[Any]:
         """One sandbox for the session: the shared scorer's (started at once)."""
         if manager is None:
-            max_sandboxes, warm = 1, 0  # rollouts themselves need no sandbox
+            max_sandboxes = 1  # rollouts themselves need no sandbox (and none is warmed)
         async with super().sandbox_session(provider, max_sandboxes=max_sandboxes, warm=0, manager=manager) as mgr:
             async with anyio.create_task_group() as tg:
                 self.scorer = SingleTurnScorer(mgr, self.sandbox_spec, tg)
@@ -270,7 +270,7 @@ class BFCLMultiTurnEnv(_BFCLMixin, SandboxEnv):
             t0 = time.perf_counter()
             results = await self.execute(decoded, state)
             state.metrics["backend_s"] = state.metrics.get("backend_s", 0.0) + time.perf_counter() - t0
-            out = [{"role": "tool", "tool_call_id": cid, "content": r} for r, cid in zip(results, call_ids)]
+            out = [{"role": "tool", "tool_call_id": cid, "content": r} for r, cid in zip(results, call_ids, strict=False)]
             b["step"] += 1
             if b["step"] > self.step_limit:
                 b["done"] = True  # BFCL's force-quit: the remaining turns are never asked

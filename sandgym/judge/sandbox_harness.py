@@ -28,7 +28,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Iterable
+from typing import Any, Callable
 
 MARK = "@@sandgym-judge@@ "
 MLE_EXIT = 121  # the child's exit code for MemoryError

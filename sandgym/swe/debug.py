@@ -53,7 +53,15 @@ from sandgym.sandboxes.errors import ImagePullError, SandboxError, SpecError
 from sandgym.sandboxes.spec import EgressPolicy, SandboxSpec
 
 from .evaluate import SCRATCH, TestReport, apply_patch, evaluate, prepare, run_logged
-from .images import BUILT_LAYOUT, BaseImageError, ImageBuildError, ImageLayout, ImageSourceError, RepoError, TaskImageBuilder
+from .images import (
+    BUILT_LAYOUT,
+    BaseImageError,
+    ImageBuildError,
+    ImageLayout,
+    ImageSourceError,
+    RepoError,
+    TaskImageBuilder,
+)
 from .prebuilt import PREBUILT_LAYOUT, PrebuiltImages
 from .store import RunStore
 from .tasks import TESTBED, RecipeError, SWETask, load_tasks

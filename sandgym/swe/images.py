@@ -204,8 +204,8 @@ def instance_dockerfile(task: SWETask, env_tag: str, *, with_ca: bool) -> str:
         # A clone that borrows the history's objects (alternates): a sandbox copies the
         # small .git, not the whole history. Tags come along; the remote is removed.
         lines += [f"COPY history.git {HISTORY}",
-                  f"RUN chmod -R a+rX {HISTORY} && git clone -q --shared {HISTORY} {TESTBED} "
-                  f"&& git -C {TESTBED} remote remove origin"]
+                  (f"RUN chmod -R a+rX {HISTORY} && git clone -q --shared {HISTORY} {TESTBED} "
+                   f"&& git -C {TESTBED} remote remove origin")]
     else:
         lines += [f"COPY repo {TESTBED}"]
         if task.version and "SETUPTOOLS_SCM_PRETEND_VERSION" not in recipe.env:
