@@ -254,7 +254,7 @@ def register(app: typer.Typer) -> None:
             p = get_provider(provider)
         except ValueError as exc:
             err.print(f"[red]error:[/] {exc}")
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
 
         async def go() -> ContractReport:
             try:

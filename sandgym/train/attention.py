@@ -120,11 +120,11 @@ def varlen_causal_attention(
     if kernel != "sdpa":
         raise ValueError(f"unknown attention kernel {kernel!r}")
     bounds = cu_seqlens.tolist()
-    lens = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
+    lens = [e - s for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
     if len(lens) > 1 and len(lens) * max(lens) <= 2 * q.shape[0]:
         return _sdpa_padded(q, k, v, lens, scale)
     out = torch.empty_like(q)
-    for s, e in zip(bounds[:-1], bounds[1:]):
+    for s, e in zip(bounds[:-1], bounds[1:], strict=True):
         if e <= s:
             continue
         # (1, H, L, D) views of one sequence; is_causal needs no materialized mask.

@@ -58,7 +58,7 @@ class Sequence:
 
 
 def _first_mismatch(a: list[int], b: list[int]) -> int:
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return min(len(a), len(b))
@@ -184,7 +184,7 @@ class MicroBatch:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[1])
 
-    def to(self, device: torch.device | str) -> "MicroBatch":
+    def to(self, device: torch.device | str) -> MicroBatch:
         d = torch.device(device)
         return MicroBatch(
             input_ids=self.input_ids.to(d),

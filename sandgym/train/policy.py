@@ -16,7 +16,8 @@ import contextlib
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -256,7 +257,7 @@ class PolicyTrainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
-        host = dict(zip(keys, total.cpu().tolist()))  # one sync for all metrics
+        host = dict(zip(keys, total.cpu().tolist(), strict=True))  # one sync for all metrics
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2: the global norm
             grad_norm = grad_norm.full_tensor()
         gn = float(grad_norm)

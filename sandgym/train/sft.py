@@ -23,8 +23,9 @@ import logging
 import random
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -78,7 +79,7 @@ class SFTConfig(_Strict):
     output: SFTOutputConfig = Field(default_factory=SFTOutputConfig)
 
     @classmethod
-    def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> "SFTConfig":
+    def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> SFTConfig:
         p = Path(path)
         cfg = cls.model_validate(load_toml(p, overrides))
         base = p.resolve().parent

@@ -34,8 +34,9 @@ import shutil
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.from_thread
@@ -267,7 +268,7 @@ class Trainer:
             if self.cfg.env.use_env_advantages and len(ok) == len(g) and all(s.advantage is not None for s in g):
                 continue
             adv = group_advantages([s.reward for s in ok], normalize_std=loss.scale_advantages_by_std, eps=loss.advantage_eps)
-            for s, a in zip(ok, adv):
+            for s, a in zip(ok, adv, strict=True):
                 s.advantage = float(a)
             for s in g:
                 if not valid(s):

@@ -149,7 +149,7 @@ class HFEngine:
             done = torch.zeros(b, dtype=torch.bool, device=dev)
             ended_by_stop = torch.zeros(b, dtype=torch.bool, device=dev)
             n_out = torch.zeros(b, dtype=torch.long, device=dev)
-            for step in range(int(max_new.max())):
+            for _ in range(int(max_new.max())):
                 logp = torch.log_softmax(logits, dim=-1)
                 scaled = logits / torch.where(temps > 0, temps, torch.ones_like(temps))
                 probs = torch.softmax(scaled, dim=-1)
@@ -260,7 +260,7 @@ class HFBackend:
     def close(self) -> None:
         self.server.close()
 
-    def __enter__(self) -> "HFBackend":
+    def __enter__(self) -> HFBackend:
         self.start()
         return self
 
