@@ -94,7 +94,7 @@ def bench_generation(model: torch.nn.Module, prompts: list[list[int]], args: arg
 
 def bench_vllm(model_dir: Path, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
     try:
-        import vllm  # noqa: F401
+        import vllm
     except Exception as exc:
         return {"skipped": f"vllm not importable: {type(exc).__name__}: {exc}"}
     from vllm import LLM, SamplingParams, TokensPrompt
