@@ -30,8 +30,8 @@ async def run_policy(policy: str, per_category: int | None, out: Path, concurren
     from sandgym import envs
     from sandgym.bfcl.export import bfcl_evaluate, compare, export_results, is_partial, load_records, sandgym_accuracy
     from sandgym.bfcl.imperfect import ImperfectOracle
-    from sandgym.core.policies import get_policy
     from sandgym.core.evaluation import run_eval
+    from sandgym.core.policies import get_policy
 
     run_dirs = []
     timings = {}
@@ -72,7 +72,7 @@ def main() -> None:
     (out / "agreement.json").write_text(json.dumps(results, indent=2))
     print(json.dumps(results))
     policies = list(results)
-    print(f"\nBFCL v4 per-category accuracy, sandgym vs `bfcl evaluate` on the same outputs (bfcl-eval 2026.3.23)")
+    print("\nBFCL v4 per-category accuracy, sandgym vs `bfcl evaluate` on the same outputs (bfcl-eval 2026.3.23)")
     head = f"{'category':<26}{'n':>6}" + "".join(f"{p + ' sandgym':>20}{p + ' bfcl':>17}" for p in policies) + f"{'agree':>7}"
     print(head)
     cats = [r["category"] for r in results[policies[0]]["rows"]]

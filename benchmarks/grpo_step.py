@@ -49,8 +49,9 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -112,7 +113,7 @@ def make_rollouts(kind: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     hi = min(args.vocab, 32000)
     tok = lambda n: [rng.randrange(hi) for _ in range(n)]  # noqa: E731
     out: list[dict[str, Any]] = []
-    for p in range(args.prompts):
+    for _ in range(args.prompts):
         prompt = tok(args.prompt_len)
         rewards = [rng.random() for _ in range(args.group)]
         advs = group_advantages(rewards, normalize_std=True)
@@ -223,7 +224,7 @@ def bench_head(heads: list[str], args: argparse.Namespace, dev: torch.device) ->
         try:
             fn = HEAD_KERNELS[name]
 
-            def run() -> tuple[torch.Tensor, ...]:
+            def run(fn: Any = fn) -> tuple[torch.Tensor, ...]:
                 head.weight.grad = None
                 hid = hid0.clone().requires_grad_()
                 with amp:
@@ -571,10 +572,10 @@ def main() -> None:
         print(f"batch {kind}: {stats[kind]}", flush=True)
         for h in runnable:
             prof = h == "torch" and kind == "uniform" and "profile" not in skip
-            guarded(f"{kind}/sandgym[{h}]", 25, lambda h=h, prof=prof: bench_sandgym(init, seqs, h, args, dev, profile=prof))
+            guarded(f"{kind}/sandgym[{h}]", 25, lambda h=h, prof=prof, seqs=seqs: bench_sandgym(init, seqs, h, args, dev, profile=prof))
         if args.compile_layers:
             best = fastest_head(sec, kind, runnable)
-            guarded(f"{kind}/sandgym[{best}+compiled layers]", 60, lambda best=best: bench_sandgym(init, seqs, best, args, dev, compile_layers=True))
+            guarded(f"{kind}/sandgym[{best}+compiled layers]", 60, lambda best=best, seqs=seqs: bench_sandgym(init, seqs, best, args, dev, compile_layers=True))
         if "trl" not in skip:
             batch = to_trl_batch(rollouts, pad_id)
             guarded(f"{kind}/trl", 30, lambda batch=batch, kind=kind: bench_trl(init, batch, stats[kind]["trained_tokens"], args, dev))

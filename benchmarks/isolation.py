@@ -169,7 +169,7 @@ def main() -> None:
     print(f"| {'sandbox':<18} | create-to-ready ms | exec `true` ms | CPU-bound s | syscall-heavy s |")
     print("|" + "---|" * 5)
     for name, m in rt.items():
-        def cell(k: str, scale: float, fmt: str) -> str:
+        def cell(k: str, scale: float, fmt: str, m: dict[str, float] = m) -> str:
             ratio = f" ({m[k] / base[k]:.2f}x)" if base and base[k] else ""
             return f"{m[k] * scale:{fmt}}{ratio}"
         print(f"| {name:<18} | {cell('create', 1000, '.0f')} | {cell('exec', 1000, '.2f')} | "

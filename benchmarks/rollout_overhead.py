@@ -295,7 +295,7 @@ def main() -> None:
             return
         if not args.skip_verifiers:
             worker = VerifiersWorker(ensure_verifiers_venv(), url, workdir)
-            for config, harness in VF_HARNESS.items():  # warm-up: imports, the null harness's uv env
+            for harness in VF_HARNESS.values():  # warm-up: imports, the null harness's uv env
                 worker.run(harness, 4, 2)
 
         def one(config: str, level: int) -> None:

@@ -25,8 +25,9 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 # vLLM's own settings (in-process engine core, no flashinfer sampler) are set by
 # sandgym.train.backends.vllm (ENGINE_ENV), which this script runs; they are recorded in the JSON.
@@ -133,7 +134,7 @@ def env_info() -> None:
     except Exception as e:
         R["torch_varlen_attn"] = f"missing: {e}"
     try:
-        import flash_attn  # noqa: F401
+        import flash_attn
 
         R["flash_attn"] = getattr(flash_attn, "__version__", "yes")
     except Exception as e:
@@ -307,9 +308,9 @@ def truncate_lengths(n: int, max_tokens: int, seed: int = 0) -> list[int]:
 
 
 def trainer_step(model: torch.nn.Module, rows: list[dict[str, Any]], a: argparse.Namespace, vocab: int) -> dict[str, Any]:
+    from sandgym.core.stats import group_advantages
     from sandgym.train.batch import Sequence
     from sandgym.train.config import ModelConfig, OptimConfig
-    from sandgym.core.stats import group_advantages
     from sandgym.train.loss import LossConfig
     from sandgym.train.policy import PolicyTrainer
 

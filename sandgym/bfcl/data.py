@@ -138,7 +138,7 @@ def load_entries(category: str) -> tuple[Entry, ...]:
             raise ValueError(f"BFCL {category}: {len(gt)} ground-truth entries for {len(plain)} prompts")
         truth = [g["ground_truth"] for g in gt]
     out = []
-    for p, e, t in zip(prompted, plain, truth):
+    for p, e, t in zip(prompted, plain, truth, strict=True):
         if p["id"] != e["id"]:
             raise ValueError(f"BFCL {category}: entries out of order ({p['id']} vs {e['id']})")
         out.append(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from .data import Entry, bfcl_module, language
@@ -99,6 +100,7 @@ def _source_literal(options: list[Any], spec: dict[str, Any], lang: str) -> Any:
     first option, that BFCL's type converter parses back to that option."""
     t = spec.get("type", "String")
     nested = (spec.get("items") or {}).get("type")
+    make: Callable[[Any, str, str | None], list[str]]  # (value, type, nested type) -> literals
     if lang == "java":
         conv = bfcl_module("eval_checker.ast_eval.type_convertor.java_type_converter").java_type_converter
         make, nested_arg = _java_candidates, nested if t in ("Array", "ArrayList") else None

@@ -50,7 +50,14 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from sandgym.bfcl.data import BFCL_MODEL
-        from sandgym.bfcl.export import bfcl_evaluate, compare, export_results, is_partial, load_records, sandgym_accuracy
+        from sandgym.bfcl.export import (
+            bfcl_evaluate,
+            compare,
+            export_results,
+            is_partial,
+            load_records,
+            sandgym_accuracy,
+        )
 
         m = model or BFCL_MODEL
         records = load_records(runs, rollout)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-import subprocess
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:  # docker's SDK is imported when a check needs it
+    from docker import DockerClient
 
 
 @dataclass
@@ -45,7 +48,7 @@ def _docker_checks() -> list[Check]:
     return checks + _isolation_checks(client, info)
 
 
-def _isolation_checks(client: object, info: dict) -> list[Check]:  # type: ignore[type-arg]
+def _isolation_checks(client: DockerClient, info: dict) -> list[Check]:
     """gVisor (profile vm), per-sandbox disks, the egress proxy."""
     from sandgym.sandboxes.egress.proxy import squid_binary
     from sandgym.sandboxes.providers.docker import runtime as rt
@@ -72,13 +75,13 @@ def _isolation_checks(client: object, info: dict) -> list[Check]:  # type: ignor
     return checks
 
 
-def _gvisor_smoke(client: object, shim: bool) -> tuple[bool, str]:
+def _gvisor_smoke(client: DockerClient, shim: bool) -> tuple[bool, str]:
     from sandgym.sandboxes.providers.docker import runtime as rt
 
     binds = {str(rt.SHIM_SO): {"bind": rt.SHIM_IN_SANDBOX, "mode": "ro"},
              str(rt.PRELOAD_FILE): {"bind": "/etc/ld.so.preload", "mode": "ro"}} if shim else {}
     try:
-        out = client.containers.run(  # type: ignore[attr-defined]
+        out = client.containers.run(
             "sandgym/python:latest", ["sh", "-c", "ls -la / >/dev/null && uname -r"], runtime=rt.GVISOR,
             network_mode="none", remove=True, volumes=binds, labels={"sandgym.doctor": "1"},
         )

@@ -80,7 +80,7 @@ def user_error_message(exc: BaseException) -> str | None:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     if isinstance(exc, _usage_error_types()):
-        message = exc.format_message()  # type: ignore[attr-defined]
+        message = exc.format_message()  # type: ignore[attr-defined]  # click's/typer's usage errors, found at runtime, all have it
         ctx = getattr(exc, "ctx", None)
         return f"{message} (see '{ctx.command_path} --help')" if ctx is not None else message
     if isinstance(exc, UserError):

@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
                 built = img.build(names, base=base, force=force, log=log, step=step, python=python)
             except Exception as exc:
                 console.print(f"[red]image build failed:[/] {exc}")
-                raise typer.Exit(1)
+                raise typer.Exit(1) from None
         console.print(f"[green]built:[/] {', '.join(built)}" if built else "[green]all images present[/]")
 
     @images.command("ls")

@@ -142,7 +142,7 @@ def status(
     async def main() -> list[dict[str, Any]]:
         async with Fleet(ray, node_wait_s=30) as fleet:
             rows = fleet.status()
-            for row, node in zip(rows, sorted(fleet.nodes.values(), key=lambda n: n.name)):
+            for row, node in zip(rows, sorted(fleet.nodes.values(), key=lambda n: n.name), strict=True):
                 if node.ready:
                     info = await fleet.call(node, "info")
                     row.update(live=info["live"], idle=info["idle"], waiting=info["waiting_creates"],

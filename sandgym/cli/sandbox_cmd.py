@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:  # docker's SDK is imported when a command needs it
+    from rich.progress import TaskID
+
+    from sandgym.sandboxes.ownership import PruneReport
+    from sandgym.sandboxes.providers.docker.pull import PullProgress
+    from sandgym.sandboxes.result import ExecResult
 
 err = Console(stderr=True)
 
@@ -34,32 +42,32 @@ def _aliases(values: list[str] | None) -> dict[str, str]:
     return out
 
 
-def _pull_progress() -> "Callable[[object], None]":  # noqa: F821
+def _pull_progress() -> Callable[[PullProgress], None]:
     """Pull progress: a bar on a terminal, a line per finished layer otherwise."""
     if err.is_terminal:
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
         bar = Progress(TextColumn("pulling {task.description}"), BarColumn(), DownloadColumn(),
                        console=err, transient=True)
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
-        def show(ev: object) -> None:
-            image, done, total = ev.image, ev.done_bytes, ev.total_bytes  # type: ignore[attr-defined]
+        def show(ev: PullProgress) -> None:
+            image, done, total = ev.image, ev.done_bytes, ev.total_bytes
             if image not in tasks:
                 bar.start()
                 tasks[image] = bar.add_task(image, total=None)
             bar.update(tasks[image], completed=done, total=total or None)
-            if str(ev.status).startswith("Status:"):  # type: ignore[attr-defined]
+            if str(ev.status).startswith("Status:"):
                 bar.stop()
-                err.print(f"[dim]{escape(str(ev.status))}[/]")  # type: ignore[attr-defined]
+                err.print(f"[dim]{escape(str(ev.status))}[/]")
 
         return show
 
-    def log(ev: object) -> None:
-        status = str(ev.status)  # type: ignore[attr-defined]
+    def log(ev: PullProgress) -> None:
+        status = str(ev.status)
         if status in ("Pull complete", "Already exists") or status.startswith(("Pulling from", "Status:")):
-            layer = f" {ev.layer}" if ev.layer and not status.startswith("Pulling") else ""  # type: ignore[attr-defined]
-            print(f"pull {ev.image}: {status}{layer}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
+            layer = f" {ev.layer}" if ev.layer and not status.startswith("Pulling") else ""
+            print(f"pull {ev.image}: {status}{layer}", file=sys.stderr, flush=True)
 
     return log
 
@@ -112,7 +120,7 @@ def register(app: typer.Typer) -> None:
         elif image_alias or egress_host_port:
             raise UserError("--image-alias and --egress-host-port are options of the docker provider")
 
-        async def go() -> object:
+        async def go() -> ExecResult:
             async with SandboxManager(provider, max_sandboxes=1, provider_options=options, create_retries=0) as mgr:
                 async with mgr.sandbox(spec) as sb:
                     argv = cmd[0] if len(cmd) == 1 else cmd
@@ -123,13 +131,13 @@ def register(app: typer.Typer) -> None:
         except SandboxError as exc:  # could not make or use the sandbox: say why, one line
             exit_for_user_error(exc, f"sandbox: {exc}")
         if as_json:
-            print(result.model_dump_json())  # type: ignore[attr-defined]
+            print(result.model_dump_json())
         else:
-            sys.stdout.buffer.write(result.stdout_bytes)  # type: ignore[attr-defined]
-            sys.stderr.buffer.write(result.stderr_bytes)  # type: ignore[attr-defined]
+            sys.stdout.buffer.write(result.stdout_bytes)
+            sys.stderr.buffer.write(result.stderr_bytes)
             flags = [k for k in ("timed_out", "oom_killed", "truncated") if getattr(result, k)]
-            err.print(f"[dim]exit {result.exit_code} in {result.duration_s:.3f}s {' '.join(flags)}[/]")  # type: ignore[attr-defined]
-        raise typer.Exit(0 if result.exit_code == 0 else 1)  # type: ignore[attr-defined]
+            err.print(f"[dim]exit {result.exit_code} in {result.duration_s:.3f}s {' '.join(flags)}[/]")
+        raise typer.Exit(0 if result.exit_code == 0 else 1)
 
     @sandbox.command("ls")
     def ls_cmd(
@@ -205,7 +213,7 @@ def register(app: typer.Typer) -> None:
 
         from sandgym.sandboxes import get_provider, prune
 
-        async def go():  # type: ignore[no-untyped-def]
+        async def go() -> PruneReport:
             p = get_provider(provider)
             try:
                 return await prune(p, everything=everything)
@@ -246,7 +254,7 @@ def register(app: typer.Typer) -> None:
             p = get_provider(provider)
         except ValueError as exc:
             err.print(f"[red]error:[/] {exc}")
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
 
         async def go() -> ContractReport:
             try:

@@ -135,9 +135,9 @@ def register(app: typer.Typer) -> None:
             public_url=public_url,
             state_dir=None if ephemeral else str(state_dir or default_state_dir()),
             shutdown_sandboxes=shutdown_sandboxes,
-            profile=profile,  # type: ignore[arg-type]
+            profile=profile,  # type: ignore[arg-type]  # checked against the Literal's values above
             egress_default=egress,
-            image_pull=image_pull,  # type: ignore[arg-type]
+            image_pull=image_pull,  # type: ignore[arg-type]  # checked above, as profile
             max_body_bytes=int(max_body_mb * (1 << 20)),
             max_upload_bytes=int(max_upload_mb * (1 << 20)),
             output_limit_bytes=max(1024, int(output_limit_mb * (1 << 20))),

@@ -11,13 +11,17 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 console = Console(stderr=True)
 
@@ -120,7 +124,7 @@ def _run_dir(kind: str, output: Path | None, resume: Path | None, step: str) -> 
     return output or Path("runs") / f"swe-{kind}-{step}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _progress(total: int, done: int, label: str):  # type: ignore[no-untyped-def]
+def _progress(total: int, done: int, label: str) -> tuple[Progress, Callable[[str, str], None]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     bar = Progress(SpinnerColumn(), TextColumn(escape(label)), BarColumn(), MofNCompleteColumn(),

@@ -28,7 +28,7 @@ _EXPORTS = {
     "run_eval": "evaluation", "summarize": "evaluation",
 }  # fmt: skip
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 - the names the lazy __getattr__ below serves
 
 
 def __getattr__(name: str) -> Any:

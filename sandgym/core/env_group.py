@@ -24,7 +24,7 @@ class EnvGroup(Environment):
         names = list(names) if names is not None else [e.name for e in envs]
         if len(set(names)) != len(names):
             raise ValueError(f"environment names must be unique, got {names}")
-        self.envs: dict[str, Environment] = dict(zip(names, envs))
+        self.envs: dict[str, Environment] = dict(zip(names, envs, strict=True))
         train, evals = [], []
         for name, env in self.envs.items():
             if env.dataset is not None:

@@ -111,7 +111,7 @@ def summarize(records: Iterable[Mapping[str, Any]], *, pass_threshold: float = 1
     valid attempts; `reward_mean_with_failures` counts failures as 0 (what naive tools report)."""
     recs = list(records)
     rewards = [float(r.get("reward") or 0.0) for r in recs]
-    valid = [(r, rew) for r, rew in zip(recs, rewards) if not r.get("error")]
+    valid = [(r, rew) for r, rew in zip(recs, rewards, strict=True) if not r.get("error")]
     valid_rewards = [rew for _, rew in valid]
     by_example: dict[int, list[float]] = defaultdict(list)
     for r, rew in valid:
@@ -225,7 +225,7 @@ async def run_eval(
             on_record(rec)
 
     started = 0
-    pool = {"mgr": None, "target": 0}
+    pool: dict[str, Any] = {"mgr": None, "target": 0}  # the session's manager, its warm target
 
     async def shrink_pool() -> None:
         # Near the end, stop the warm pool from making sandboxes no rollout will use.
@@ -266,8 +266,8 @@ async def run_eval(
                     pending: dict[int, tuple[Mapping[str, Any], list[int]]] = {}
                     for row, i in todo:
                         pending.setdefault(int(row["example_id"]), (row, []))[1].append(i)
-                    for row, indices in pending.values():
-                        tg.start_soon(group, row, indices)
+                    for first, indices in pending.values():
+                        tg.start_soon(group, first, indices)
                 else:
                     for row, i in todo:
                         tg.start_soon(one, row, i, None)

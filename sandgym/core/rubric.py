@@ -38,7 +38,7 @@ class Rubric:
         weights = list(weights) if weights is not None else [1.0] * len(funcs)
         if len(weights) != len(funcs):
             raise ValueError(f"{len(funcs)} reward functions but {len(weights)} weights")
-        self.funcs: list[tuple[RewardFunc, float]] = list(zip(funcs, weights))
+        self.funcs: list[tuple[RewardFunc, float]] = list(zip(funcs, weights, strict=True))
         self.group_funcs: list[tuple[RewardFunc, float]] = []
         self.parser = parser or Parser()
         self.normalize_advantages = normalize_advantages
@@ -114,10 +114,10 @@ class Rubric:
                 values = [float(v) for v in await call_with_named(func, args)]
                 if len(values) != len(states):
                     raise ValueError(f"group reward {name} returned {len(values)} values for {len(states)} rollouts")
-                for s, v in zip(states, values):
+                for s, v in zip(states, values, strict=True):
                     s.metrics[name] = v
                     s.reward += weight * v
-        for s, adv in zip(states, group_advantages([s.reward for s in states], normalize_std=self.normalize_advantages)):
+        for s, adv in zip(states, group_advantages([s.reward for s in states], normalize_std=self.normalize_advantages), strict=True):
             s.advantage = adv
         return list(states)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 
 import anyio
-from typing import Any
 
 from sandgym.sandboxes.errors import SandboxError, SandboxGoneError
 from sandgym.sandboxes.result import ExecResult

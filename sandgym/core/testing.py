@@ -82,7 +82,7 @@ def normalize_calls(calls: Sequence[dict[str, Any]] | None) -> list[dict[str, An
     if not calls:
         return None
     out = []
-    for i, c in enumerate(calls):
+    for c in calls:
         if "function" in c:
             out.append({"id": c.get("id") or f"call_{uuid.uuid4().hex[:8]}", "type": "function", "function": dict(c["function"])})
         else:

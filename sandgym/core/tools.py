@@ -60,8 +60,8 @@ def _doc_parts(doc: str) -> tuple[str, dict[str, str]]:
     (":param x:") docstring."""
     doc = inspect.cleandoc(doc or "")
     params: dict[str, str] = {}
-    for m in re.finditer(r":param\s+(\w+):\s*(.+)", doc):
-        params[m.group(1)] = m.group(2).strip()
+    for p in re.finditer(r":param\s+(\w+):\s*(.+)", doc):
+        params[p.group(1)] = p.group(2).strip()
     lines = doc.splitlines()
     summary_lines: list[str] = []
     section = None

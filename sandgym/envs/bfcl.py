@@ -149,7 +149,7 @@ class BFCLSingleTurnEnv(_BFCLMixin, SingleTurnEnv):
     ) -> AsyncIterator[Any]:
         """One sandbox for the session: the shared scorer's (started at once)."""
         if manager is None:
-            max_sandboxes, warm = 1, 0  # rollouts themselves need no sandbox
+            max_sandboxes = 1  # rollouts themselves need no sandbox (and none is warmed)
         async with super().sandbox_session(provider, max_sandboxes=max_sandboxes, warm=0, manager=manager) as mgr:
             async with anyio.create_task_group() as tg:
                 self.scorer = SingleTurnScorer(mgr, self.sandbox_spec, tg)
@@ -270,7 +270,7 @@ class BFCLMultiTurnEnv(_BFCLMixin, SandboxEnv):
             t0 = time.perf_counter()
             results = await self.execute(decoded, state)
             state.metrics["backend_s"] = state.metrics.get("backend_s", 0.0) + time.perf_counter() - t0
-            out = [{"role": "tool", "tool_call_id": cid, "content": r} for r, cid in zip(results, call_ids)]
+            out = [{"role": "tool", "tool_call_id": cid, "content": r} for r, cid in zip(results, call_ids, strict=False)]
             b["step"] += 1
             if b["step"] > self.step_limit:
                 b["done"] = True  # BFCL's force-quit: the remaining turns are never asked
@@ -343,7 +343,7 @@ def load_environment(
     if kind == "single_turn":
         # The scorer imports BFCL's runner (every vendor SDK): give it room.
         spec = sandbox_spec or SandboxSpec(image=data.BFCL_IMAGE, cpu=1.0, memory_mb=1024, disk_mb=64, exec_timeout_s=300)
-        env: MultiTurnEnv = BFCLSingleTurnEnv(
+        env: BFCLSingleTurnEnv | BFCLMultiTurnEnv = BFCLSingleTurnEnv(
             eval_dataset=rows, rubric=rubric, sandbox_spec=spec, entries=entries, bfcl_model=model,
             name="bfcl_v4_single_turn", **kwargs,
         )  # fmt: skip
@@ -353,6 +353,6 @@ def load_environment(
             eval_dataset=rows, rubric=rubric, sandbox_spec=spec, entries=entries, bfcl_model=model,
             name="bfcl_v4_multi_turn", **kwargs,
         )  # fmt: skip
-    rubric.add_reward_func(env.bfcl_valid, 1.0)  # type: ignore[attr-defined]
+    rubric.add_reward_func(env.bfcl_valid, 1.0)
     rubric.add_metric(tool_calls)
     return env

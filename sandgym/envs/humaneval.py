@@ -118,6 +118,10 @@ def fenced(code: str) -> str:
 
 class HumanEvalEnv(SingleTurnEnv):
     batch_max = 8
+    # load_environment's defaults; it sets them per environment.
+    reuse_sandboxes: bool = True
+    batch_scoring: bool = False
+    batcher: Any = None  # an ExecBatcher while a batch-scoring session is open
 
     async def oracle_response(self, messages: list[Message], state: State) -> Message:
         return {"role": "assistant", "content": "Here is the completed function:\n\n" + fenced(str(state.answer))}

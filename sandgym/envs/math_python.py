@@ -81,7 +81,7 @@ def make_rows(generators: list[str], size: int, seed: int) -> list[dict[str, Any
     per_gen = [reasoning_gym.create_dataset(g, size=size, seed=seed) for g in generators]
     rows: list[dict[str, Any]] = []
     for i in range(size):
-        for g, ds in zip(generators, per_gen):
+        for g, ds in zip(generators, per_gen, strict=True):
             e = ds[i]
             rows.append(
                 {

@@ -17,6 +17,7 @@ import json
 import math
 import operator
 import random
+from collections.abc import Callable
 from typing import Any
 
 from sandgym.core.environment import Environment
@@ -63,9 +64,9 @@ def build_catalogue(seed: int = 0, n_items: int = 40, n_orders: int = 80) -> dic
 
 # ---- tools (pure functions over the catalogue) ------------------------------------------
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+_OPS: dict[type[ast.AST], Callable[..., float]] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos}
-_FUNCS = {"round": round, "abs": abs, "min": min, "max": max, "sqrt": math.sqrt}
+_FUNCS: dict[str, Callable[..., float]] = {"round": round, "abs": abs, "min": min, "max": max, "sqrt": math.sqrt}
 
 
 def _eval(node: ast.AST) -> float:

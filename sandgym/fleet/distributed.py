@@ -148,6 +148,8 @@ class RolloutDispatcher:
                 node = await self._slot({a["node"] for a in attempts})
             except SandboxLostError as exc:
                 return self._failed(row, indices, attempts, exc)
+            fn: Callable[..., Any]  # rollouts.rollout_group with the indices, or .rollout with one
+            which: list[int] | int
             try:
                 if grouped:
                     fn, which = rollouts.rollout_group, list(indices)
@@ -282,8 +284,8 @@ async def run_distributed_eval(
                 pending: dict[int, tuple[Mapping[str, Any], list[int]]] = {}
                 for row, i in todo:
                     pending.setdefault(int(row["example_id"]), (row, []))[1].append(i)
-                for row, indices in pending.values():
-                    tg.start_soon(job, row, indices, True)
+                for first, indices in pending.values():
+                    tg.start_soon(job, first, indices, True)
             else:
                 for row, i in todo:
                     tg.start_soon(job, row, [i], False)

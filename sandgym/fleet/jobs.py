@@ -41,7 +41,7 @@ class ClientSpec(BaseModel):
     request_tokens: bool = True
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "ClientSpec":
+    def _one_kind(self) -> ClientSpec:
         if (self.policy is None) == (self.base_url is None):
             raise ValueError("give exactly one of policy or base_url")
         return self

@@ -67,7 +67,7 @@ class TrainingPlacement:
         self.trainers: Any = None
         self.inference: Any = None
 
-    def reserve(self, timeout_s: float = 60.0) -> "TrainingPlacement":
+    def reserve(self, timeout_s: float = 60.0) -> TrainingPlacement:
         from ray.util.placement_group import placement_group
 
         from sandgym.sandboxes.providers.ray.cluster import connect
@@ -128,7 +128,7 @@ class TrainingPlacement:
                 remove_placement_group(pg)
         self.trainers = self.inference = None
 
-    def __enter__(self) -> "TrainingPlacement":
+    def __enter__(self) -> TrainingPlacement:
         return self.reserve()
 
     def __exit__(self, *exc: object) -> None:
@@ -172,7 +172,8 @@ def run_ranks(placement: TrainingPlacement, fn: Callable[..., Any], *args: Any, 
 
     world = placement.layout.trainer_ranks
     cls = ray.remote(RankWorker)
-    workers = [cls.options(**placement.trainer_options(r), runtime_env=agent_runtime_env()).remote() for r in range(world)]
+    # Any: Ray types an actor's methods as the plain methods, without their `.remote`.
+    workers: list[Any] = [cls.options(**placement.trainer_options(r), runtime_env=agent_runtime_env()).remote() for r in range(world)]
     try:
         master = ray.get(workers[0].endpoint.remote(), timeout=timeout_s)
         return list(ray.get([w.run.remote(fn, r, world, master, list(args)) for r, w in enumerate(workers)], timeout=timeout_s))

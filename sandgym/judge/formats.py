@@ -121,8 +121,8 @@ def _io_tests(io_spec: Mapping[str, Any]) -> tuple[list[TestCase], str | None]:
     fn = io_spec.get("fn_name")
     ins, outs = io_spec.get("inputs") or [], io_spec.get("outputs") or []
     if fn:
-        return [TestCase(input=_call_args(i), output=_call_output(o)) for i, o in zip(ins, outs)], fn
-    return [TestCase(input=_text(i), output=_text(o)) for i, o in zip(ins, outs)], None
+        return [TestCase(input=_call_args(i), output=_call_output(o)) for i, o in zip(ins, outs, strict=False)], fn
+    return [TestCase(input=_text(i), output=_text(o)) for i, o in zip(ins, outs, strict=False)], None
 
 
 def from_lcb(row: Mapping[str, Any], index: int) -> Problem:
@@ -187,9 +187,9 @@ def from_codecontests(row: Mapping[str, Any], index: int, *, include_generated: 
     groups = ["public_tests", "private_tests"] + (["generated_tests"] if include_generated else [])
     for g in groups:
         spec = row.get(g) or {}
-        cases += [TestCase(input=i, output=o) for i, o in zip(spec.get("input") or [], spec.get("output") or [])]
+        cases += [TestCase(input=i, output=o) for i, o in zip(spec.get("input") or [], spec.get("output") or [], strict=False)]
     sols = row.get("solutions") or {}
-    python = [s for lang, s in zip(sols.get("language") or [], sols.get("solution") or []) if lang == PYTHON3]
+    python = [s for lang, s in zip(sols.get("language") or [], sols.get("solution") or [], strict=False) if lang == PYTHON3]
     return Problem(
         id=str(row.get("name") or f"codecontests_{index}"),
         statement=str(row.get("description") or ""),

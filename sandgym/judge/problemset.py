@@ -97,9 +97,9 @@ def _pair_sum() -> Problem:
         time_limit_s=2.0,
         checker=PAIR_SUM_CHECKER,
         solutions=[
-            "import sys\nd = list(map(int, sys.stdin.read().split()))\nn, t, a = d[0], d[1], d[2:]\nseen = {}\n"
-            "for j, x in enumerate(a):\n    if t - x in seen:\n        print(seen[t - x] + 1, j + 1)\n        break\n"
-            "    seen.setdefault(x, j)\n"
+            ("import sys\nd = list(map(int, sys.stdin.read().split()))\nn, t, a = d[0], d[1], d[2:]\nseen = {}\n"
+             "for j, x in enumerate(a):\n    if t - x in seen:\n        print(seen[t - x] + 1, j + 1)\n        break\n"
+             "    seen.setdefault(x, j)\n")
         ],
     )
 
@@ -124,9 +124,9 @@ def _count_primes() -> Problem:
         memory_mb=256,
         compare="exact",
         solutions=[
-            "n = int(input())\nif n < 2:\n    print(0)\nelse:\n    s = bytearray([1]) * (n + 1)\n    s[0:2] = b'\\x00\\x00'\n"
-            "    for p in range(2, int(n ** 0.5) + 1):\n        if s[p]:\n            s[p * p::p] = bytearray(len(range(p * p, n + 1, p)))\n"
-            "    print(sum(s))\n"
+            ("n = int(input())\nif n < 2:\n    print(0)\nelse:\n    s = bytearray([1]) * (n + 1)\n    s[0:2] = b'\\x00\\x00'\n"
+             "    for p in range(2, int(n ** 0.5) + 1):\n        if s[p]:\n            s[p * p::p] = bytearray(len(range(p * p, n + 1, p)))\n"
+             "    print(sum(s))\n")
         ],
     )
 
@@ -152,8 +152,8 @@ def _max_subarray() -> Problem:
         tests=[TestCase(input=json.dumps([xs]), output=json.dumps(best(xs))) for xs in cases],
         time_limit_s=2.0,
         solutions=[
-            "class Solution:\n    def maxSubArray(self, nums):\n        cur, top = 0, nums[0]\n        for x in nums:\n"
-            "            cur = max(x, cur + x)\n            top = max(top, cur)\n        return top\n"
+            ("class Solution:\n    def maxSubArray(self, nums):\n        cur, top = 0, nums[0]\n        for x in nums:\n"
+             "            cur = max(x, cur + x)\n            top = max(top, cur)\n        return top\n")
         ],
     )
 

@@ -16,6 +16,8 @@ the zygote are made non-dumpable, so a child can neither read their memory nor o
 file descriptors through /proc; a child that kills the parent only ends the judging (JE).
 """
 
+from __future__ import annotations
+
 import json
 import os
 import selectors
@@ -26,6 +28,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
+from typing import Any, Callable
 
 MARK = "@@sandgym-judge@@ "
 MLE_EXIT = 121  # the child's exit code for MemoryError
@@ -159,7 +163,7 @@ while True:
 '''
 
 
-def nondumpable():
+def nondumpable() -> None:
     try:
         import ctypes
 
@@ -169,7 +173,7 @@ def nondumpable():
 
 
 class Zygote:
-    def __init__(self, code, kind, fn_name):
+    def __init__(self, code: str, kind: str, fn_name: str | None) -> None:
         parent, child = socket.socketpair()
         self.sock = parent
         self.proc = subprocess.Popen(
@@ -183,11 +187,11 @@ class Zygote:
         self.send({"code": code, "kind": kind, "fn_name": fn_name})
         self.hello = self.recv(timeout=60)
 
-    def send(self, obj, fds=()):
+    def send(self, obj: dict[str, Any], fds: Iterable[int] = ()) -> None:
         data = json.dumps(obj).encode()
         socket.send_fds(self.sock, [struct.pack(">I", len(data)) + data], list(fds))
 
-    def recv(self, timeout=None):
+    def recv(self, timeout: float | None = None) -> dict[str, Any] | None:
         self.sock.settimeout(timeout)
         head = b""
         while len(head) < 4:
@@ -204,7 +208,7 @@ class Zygote:
             body += chunk
         return json.loads(body)
 
-    def close(self):
+    def close(self) -> None:
         try:
             self.sock.close()
         finally:
@@ -215,7 +219,7 @@ class Zygote:
             self.proc.wait()
 
 
-def _floats_equal(a, b, tol):
+def _floats_equal(a: str | float, b: str | float, tol: float) -> bool:
     if a == b:
         return True
     try:
@@ -227,7 +231,7 @@ def _floats_equal(a, b, tol):
     return abs(x - y) <= tol or abs(x - y) <= tol * max(abs(x), abs(y))
 
 
-def compare_text(out, expected, mode, tol):
+def compare_text(out: str, expected: str, mode: str, tol: float) -> bool:
     if mode == "exact":
         return out == expected
     if mode == "lines":
@@ -240,7 +244,7 @@ def compare_text(out, expected, mode, tol):
     return len(a) == len(b) and all(_floats_equal(x, y, tol) for x, y in zip(a, b))
 
 
-def _values_equal(a, b, tol, use_tol):
+def _values_equal(a: Any, b: Any, tol: float, use_tol: bool) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return a == b
     if use_tol and isinstance(a, (int, float)) and isinstance(b, (int, float)):
@@ -252,7 +256,7 @@ def _values_equal(a, b, tol, use_tol):
     return a == b
 
 
-def compare_value(got_text, expected_text, mode, tol, unwrap):
+def compare_value(got_text: str, expected_text: str, mode: str, tol: float, unwrap: bool) -> bool:
     try:
         got = json.loads(got_text)
         expected = json.loads(expected_text)
@@ -268,18 +272,18 @@ class Capture:
     """Reads a child's pipes until EOF. `limits[fd]` caps what is kept: past it a `head`
     stream is marked over (endless output), a `tail` stream keeps its last bytes."""
 
-    def __init__(self, limits, tails):
+    def __init__(self, limits: dict[int, int], tails: Iterable[int]) -> None:
         self.bufs = {fd: bytearray() for fd in limits}
         self.limits = limits
         self.tails = set(tails)
-        self.over = set()
+        self.over: set[int] = set()
         self.sel = selectors.DefaultSelector()
         for fd in limits:
             os.set_blocking(fd, False)
             self.sel.register(fd, selectors.EVENT_READ)
         self.open = set(limits)
 
-    def read(self, fd):
+    def read(self, fd: int) -> bool:
         try:
             data = os.read(fd, 1 << 16)
         except BlockingIOError:
@@ -298,14 +302,14 @@ class Capture:
                 self.over.add(fd)
         return True
 
-    def pump(self, timeout):
+    def pump(self, timeout: float) -> bool:
         """Read what is ready within `timeout`; False when nothing was."""
         events = [key for key, _ in self.sel.select(timeout) if key.fd in self.open]
         for key in events:
             self.read(key.fd)
         return bool(events)
 
-    def close(self):
+    def close(self) -> None:
         for fd in list(self.bufs):
             try:
                 os.close(fd)
@@ -314,7 +318,7 @@ class Capture:
         self.sel.close()
 
 
-def _feed(fd, data):
+def _feed(fd: int, data: bytes) -> None:
     try:
         view = memoryview(data)
         while view:
@@ -329,14 +333,14 @@ def _feed(fd, data):
             pass
 
 
-BASELINE_PIDS = set()
+BASELINE_PIDS: set[int] = set()
 
 
-def _pids():
+def _pids() -> set[int]:
     return {int(n) for n in os.listdir("/proc") if n.isdigit()}
 
 
-def _kill_marked(token):
+def _kill_marked(token: str) -> None:
     """Kill what a test left behind in another session: new processes carrying its token."""
     mark = f"SANDGYM_JUDGE_TEST={token}".encode()
     for name in _pids() - BASELINE_PIDS - {os.getpid()}:
@@ -348,7 +352,7 @@ def _kill_marked(token):
             pass
 
 
-def _kill(pid):
+def _kill(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
     except OSError:
@@ -358,7 +362,9 @@ def _kill(pid):
             pass
 
 
-def run_test(zyg, req, test, checker):
+def run_test(
+    zyg: Zygote, req: dict[str, Any], test: dict[str, Any], checker: Callable[[str, str, str], object] | None
+) -> dict[str, Any]:
     stdin_r, stdin_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -388,7 +394,8 @@ def run_test(zyg, req, test, checker):
     # The zygote's next message is the child's exit status: wait for it and the pipes at once
     # (a process the child left behind may hold the pipes open after the child is gone).
     cap.sel.register(zyg.sock, selectors.EVENT_READ)
-    killed, done = None, None
+    killed: str | None = None
+    done: dict[str, Any] | None = None
     deadline = t0 + wall_limit
     while done is None:
         left = deadline - time.perf_counter()
@@ -457,14 +464,14 @@ def run_test(zyg, req, test, checker):
     return {**base, "verdict": "WA", "detail": f"got {shown[:200]!r}, expected {test['output'][:200]!r}"}
 
 
-def main():
+def main() -> None:
     nondumpable()
     req = json.loads(sys.stdin.buffer.read())
     req["token"] = os.urandom(8).hex()
     tests = req["tests"]
     checker = None
     if req.get("checker"):
-        ns = {"__name__": "checker"}
+        ns: dict[str, Any] = {"__name__": "checker"}
         exec(compile(req["checker"], "checker.py", "exec"), ns)
         checker = ns["check"]
     t0 = time.perf_counter()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+
 import anyio
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -43,7 +44,6 @@ from .models import (
 )
 from .service import EgressUnavailable, InvalidRequest, ServerConfig, Service
 from .store import QuotaExceeded, Record
-
 
 _NOT_FOUND: dict[int | str, dict[str, object]] = {404: {"description": "No such sandbox for this token"}}
 

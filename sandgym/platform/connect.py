@@ -79,7 +79,7 @@ class Codec:
         self.name = name
 
     @classmethod
-    def from_content_type(cls, content_type: str, *, stream: bool) -> "Codec":
+    def from_content_type(cls, content_type: str, *, stream: bool) -> Codec:
         ct = content_type.partition(";")[0].strip().lower()
         prefix = "application/connect+" if stream else "application/"
         if not ct.startswith(prefix) or ct[len(prefix):] not in ("proto", "json"):

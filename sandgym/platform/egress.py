@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+
 from pydantic import BaseModel, ConfigDict
 
 from sandgym.sandboxes.spec import EgressPolicy
@@ -105,15 +106,15 @@ class WirePolicy(BaseModel):
     denylist: list[str] | None = None
 
     @classmethod
-    def blocked(cls) -> "WirePolicy":
+    def blocked(cls) -> WirePolicy:
         return cls(allowlist=[])
 
     @classmethod
-    def unrestricted(cls) -> "WirePolicy":
+    def unrestricted(cls) -> WirePolicy:
         return cls(denylist=[])
 
     @classmethod
-    def parse(cls, allowlist: list[str] | None, denylist: list[str] | None, *, where: str = "") -> "WirePolicy":
+    def parse(cls, allowlist: list[str] | None, denylist: list[str] | None, *, where: str = "") -> WirePolicy:
         """Validated and canonical; ValueError (with the field name) otherwise. `["*"]` (what
         the SDK's `set_network(allow=["*"])` would mean) is accepted as "everything"."""
         if allowlist is not None and denylist is not None:

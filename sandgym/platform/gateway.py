@@ -14,11 +14,12 @@ import logging
 import uuid as uuidlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, File, Query, Request, UploadFile
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from google.protobuf.message import Message
 from prime_sandboxes._proto.command_session import command_session_pb2 as pb
 
 from sandgym.sandboxes.base import Sandbox
@@ -77,7 +78,7 @@ def _resolve(service: Service, request: Request, user_ns: str, job_id: str) -> t
 
 
 def _event(**kw: object) -> pb.StartResponse:
-    return pb.StartResponse(event=pb.CommandSessionEvent(**kw))  # type: ignore[arg-type]
+    return pb.StartResponse(event=pb.CommandSessionEvent(**kw))
 
 
 def truncation_note(limit: int) -> str:
@@ -159,12 +160,12 @@ def build_router(service: Service) -> APIRouter:
             return _stream_error(codec, fault) if stream else _unary_error(fault)
         except SandboxGoneError as exc:
             service.sandbox_died(rec, exc)
-            fault = ConnectFault("not_found", str(exc))
-            return _stream_error(codec, fault) if stream else _unary_error(fault)
+            gone = ConnectFault("not_found", str(exc))
+            return _stream_error(codec, gone) if stream else _unary_error(gone)
         except Exception as exc:
             log.exception("gateway %s failed", method)
-            fault = ConnectFault("internal", f"{type(exc).__name__}: {exc}")
-            return _stream_error(codec, fault) if stream else _unary_error(fault)
+            internal = ConnectFault("internal", f"{type(exc).__name__}: {exc}")
+            return _stream_error(codec, internal) if stream else _unary_error(internal)
 
     # ---- files -------------------------------------------------------------------------
 
@@ -200,7 +201,7 @@ def build_router(service: Service) -> APIRouter:
         finally:
             rec.active_ops -= 1
         rec.log(f"upload {path} ({len(data)} bytes)")
-        out = UploadOut(success=True, path=sb.resolve(path), size=len(data), timestamp=datetime.now(timezone.utc))
+        out = UploadOut(success=True, path=sb.resolve(path), size=len(data), timestamp=datetime.now(UTC))
         return JSONResponse(out.model_dump(mode="json"))
 
     async def _read(request: Request, user_ns: str, job_id: str, path: str) -> bytes | Response:
@@ -383,8 +384,8 @@ RPCS: dict[str, Rpc] = {
 # ---- Connect plumbing ------------------------------------------------------------------
 
 
-def _unary(codec: Codec, msg: object) -> Response:
-    return Response(codec.encode(msg), media_type=codec.unary_content_type())  # type: ignore[arg-type]
+def _unary(codec: Codec, msg: Message) -> Response:
+    return Response(codec.encode(msg), media_type=codec.unary_content_type())
 
 
 def _unary_error(fault: ConnectFault) -> Response:
@@ -563,9 +564,10 @@ def _follow(sess: Session) -> AsyncIterator[pb.StartResponse]:
             yield _event(start=pb.CommandSessionEvent.StartEvent(pid=sess.process.pid))
             async for kind, value in recv:
                 if kind == "exit":
-                    yield _end(int(value))  # type: ignore[arg-type]
+                    yield _end(int(value))
                     return
-                yield from_data(kind, value)  # type: ignore[arg-type]
+                if isinstance(value, bytes):  # ("stdout" | "stderr", bytes)
+                    yield from_data(kind, value)
             if sess.error:
                 raise ConnectFault("internal", f"live process failed: {sess.error}")
         finally:

@@ -117,7 +117,7 @@ class CreateSandboxBody(BaseModel):
         return check_list(info.field_name, v)
 
     @model_validator(mode="after")
-    def _whole(self) -> "CreateSandboxBody":
+    def _whole(self) -> CreateSandboxBody:
         check_env("environment_vars and secrets", {**(self.environment_vars or {}), **(self.secrets or {})})
         given = [n for n in ("network_allowlist", "network_denylist", "network_access") if getattr(self, n) is not None]
         if len(given) > 1:
@@ -203,7 +203,7 @@ class BulkDeleteBody(BaseModel):
     all_users: bool = False
 
     @model_validator(mode="after")
-    def _one_selector(self) -> "BulkDeleteBody":
+    def _one_selector(self) -> BulkDeleteBody:
         if not self.sandbox_ids and not self.labels and self.user_id is None and not self.all_users:
             raise ValueError("give sandbox_ids, labels, user_id or all_users")
         return self
@@ -285,7 +285,7 @@ class EgressPolicyIn(BaseModel):
     denylist: list[str] | None = None
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "EgressPolicyIn":
+    def _exactly_one(self) -> EgressPolicyIn:
         if (self.allowlist is None) == (self.denylist is None):
             raise ValueError("give exactly one of allowlist and denylist (the other null)")
         return self

@@ -24,7 +24,7 @@ import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import anyio
@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from sandgym.sandboxes.base import Provider
 from sandgym.sandboxes.errors import ImagePullError, SpecError
-from sandgym.sandboxes.manager import ManagedSandbox, SandboxManager
+from sandgym.sandboxes.manager import SandboxManager
 from sandgym.sandboxes.spec import SandboxSpec
 
 from .db import StateDB
@@ -238,7 +238,7 @@ class Service:
             labels[LABEL_INSTANCE] = self.db.instance_id
         return labels
 
-    async def __aenter__(self) -> "Service":
+    async def __aenter__(self) -> Service:
         await self.manager.__aenter__()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -577,7 +577,7 @@ class Service:
             user_ns=rec.tenant,
             job_id=rec.id,
             token=rec.gw_token,
-            expires_at=datetime.fromtimestamp(rec.gw_expires, tz=timezone.utc).isoformat().replace("+00:00", "Z"),
+            expires_at=datetime.fromtimestamp(rec.gw_expires, tz=UTC).isoformat().replace("+00:00", "Z"),
         )
 
     def gateway_record(self, user_ns: str, job_id: str, token: str) -> Record | None:

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .db import StateDB
@@ -24,7 +24,7 @@ from .egress import WirePolicy
 from .models import ENDED, CreateSandboxBody
 
 if TYPE_CHECKING:
-    from sandgym.sandboxes.base import Sandbox
+    from sandgym.sandboxes.manager import ManagedSandbox
     from sandgym.sandboxes.spec import SandboxSpec
 
     from .sessions import SessionTable
@@ -34,7 +34,7 @@ LOG_LINES = 500
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _ts(d: datetime | None) -> float | None:
@@ -42,7 +42,7 @@ def _ts(d: datetime | None) -> float | None:
 
 
 def _dt(t: float | None) -> datetime | None:
-    return datetime.fromtimestamp(t, tz=timezone.utc) if t is not None else None
+    return datetime.fromtimestamp(t, tz=UTC) if t is not None else None
 
 
 def token_hash(token: str) -> str:
@@ -68,7 +68,7 @@ class Egress:
                 "applied_generation": self.applied_generation, "error": self.error}
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "Egress":
+    def from_row(cls, row: dict[str, Any]) -> Egress:
         return cls(WirePolicy(**row["policy"]), row["generation"], row["applied_generation"], row.get("error"))
 
 
@@ -91,7 +91,7 @@ class Record:
     waiting_reason: str | None = None  # why a PENDING sandbox waits (not persisted)
     container_id: str | None = None
     egress: Egress = field(default_factory=Egress)
-    sandbox: Sandbox | None = None
+    sandbox: ManagedSandbox | None = None
     gw_token: str = ""  # the current gateway token in clear (memory only)
     gw_hash: str = ""
     gw_expires: float = 0.0
@@ -174,7 +174,7 @@ class Record:
         }
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "Record":
+    def from_row(cls, row: dict[str, Any]) -> Record:
         from sandgym.sandboxes.spec import SandboxSpec
 
         return cls(
@@ -196,7 +196,7 @@ class Record:
             egress=Egress.from_row(row["egress"]) if row.get("egress") else Egress(),
             gw_hash=row.get("gw_hash", ""),
             gw_expires=row.get("gw_expires", 0.0),
-            gw_prev=tuple(row.get("gw_prev") or ("", 0.0)),  # type: ignore[arg-type]
+            gw_prev=tuple(row.get("gw_prev") or ("", 0.0)),
             last_active=row.get("last_active") or time.time(),
         )
 

@@ -54,9 +54,9 @@ class ServerThread:
 
     @property
     def service(self) -> Service:
-        return self.app.state.service  # type: ignore[no-any-return]
+        return self.app.state.service
 
-    def start(self, timeout: float = 30.0) -> "ServerThread":
+    def start(self, timeout: float = 30.0) -> ServerThread:
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self._server.started:

@@ -95,7 +95,7 @@ class Sandbox(ABC):
     async def close(self) -> None:
         """Destroy the sandbox. Idempotent."""
 
-    async def detach(self) -> None:
+    async def detach(self) -> None:  # noqa: B027 - a no-op unless the provider holds client resources
         """Let go of the sandbox without destroying it: release client resources only (a
         provider with `adopt` can take it over again, e.g. after a server restart)."""
 
@@ -200,7 +200,7 @@ class Sandbox(ABC):
                 tar.extractall(dest)
         return dest / Path(remote.rstrip("/")).name
 
-    async def __aenter__(self) -> "Sandbox":
+    async def __aenter__(self) -> Sandbox:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -96,7 +96,7 @@ class ExecBatcher:
         try:
             async with self.manager.sandbox(self.spec, reuse=self.reuse) as sb:
                 results = await sb.exec_many([p.job for p in batch], parallel=self.parallel)
-            for p, r in zip(batch, results):
+            for p, r in zip(batch, results, strict=True):
                 p.result = r
         except BaseException as exc:  # every caller of the batch sees the failure
             for p in batch:

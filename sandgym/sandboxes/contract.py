@@ -235,10 +235,12 @@ async def live_process(provider: Provider, spec: SandboxSpec) -> None:
                     if kind == "exit":
                         code = value
                         break
+                    if not isinstance(value, bytes):
+                        raise ContractViolation(f"a {kind} event carries bytes, got {value!r}")
                     if kind == "stdout":
-                        out += value  # type: ignore[operator]
+                        out += value
                     else:
-                        err += value  # type: ignore[operator]
+                        err += value
             expect((out, err, code) == (b"ready x\ngot:line\n", b"to-err\n", 3),
                    f"(stdout, stderr, exit) = {(out, err, code)!r}, expected (b'ready x\\ngot:line\\n', b'to-err\\n', 3)")
         finally:

@@ -38,12 +38,12 @@ class ExecResult(BaseModel):
     truncated: bool = False
     output_limit: int | None = None
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented form; mypy rejects decorators over @property
     @property
     def stdout(self) -> str:
         return self.stdout_bytes.decode("utf-8", errors="replace")
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented form; mypy rejects decorators over @property
     @property
     def stderr(self) -> str:
         return self.stderr_bytes.decode("utf-8", errors="replace")

@@ -57,12 +57,12 @@ class EgressPolicy(BaseModel):
         return tuple(r.text for r in parse_entries(v, info.field_name))
 
     @classmethod
-    def anything(cls) -> "EgressPolicy":
+    def anything(cls) -> EgressPolicy:
         """Any public destination (what `network=True` means)."""
         return cls(allow=("*",))
 
     @classmethod
-    def nothing(cls) -> "EgressPolicy":
+    def nothing(cls) -> EgressPolicy:
         """No destination, but changeable later with `set_egress`."""
         return cls(allow=())
 

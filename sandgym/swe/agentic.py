@@ -232,15 +232,16 @@ class SWEAgentEnv(SandboxEnv):
                 continue
             text = (await sandbox.read_file(f"{TESTBED}/{fp.old_path}")).decode("utf-8")
             final = apply_hunks(text, fp)
-            edits, cur = [], text
+            edits: list[dict[str, str]] = []
+            cur, unique = text, True  # unique: each hunk's old text occurs once when applied
             for h in fp.hunks:
                 old, new = "".join(h.old), "".join(h.new)
                 if not old or cur.count(old) != 1:
-                    edits = None
+                    unique = False
                     break
                 cur = cur.replace(old, new, 1)
                 edits.append({"command": "str_replace", "path": fp.new_path, "old_str": old, "new_str": new})
-            if edits is not None and cur == final:
+            if unique and cur == final:
                 for e in edits:
                     add("str_replace_editor", e)
             else:

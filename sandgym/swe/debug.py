@@ -53,7 +53,15 @@ from sandgym.sandboxes.errors import ImagePullError, SandboxError, SpecError
 from sandgym.sandboxes.spec import EgressPolicy, SandboxSpec
 
 from .evaluate import SCRATCH, TestReport, apply_patch, evaluate, prepare, run_logged
-from .images import BUILT_LAYOUT, BaseImageError, ImageBuildError, ImageLayout, ImageSourceError, RepoError, TaskImageBuilder
+from .images import (
+    BUILT_LAYOUT,
+    BaseImageError,
+    ImageBuildError,
+    ImageLayout,
+    ImageSourceError,
+    RepoError,
+    TaskImageBuilder,
+)
 from .prebuilt import PREBUILT_LAYOUT, PrebuiltImages
 from .store import RunStore
 from .tasks import TESTBED, RecipeError, SWETask, load_tasks
@@ -133,7 +141,7 @@ def task_spec(
 ) -> SandboxSpec:
     recipe = task.require_recipe()
     return SandboxSpec(
-        egress=egress, profile=layout.profile, user=layout.user,  # type: ignore[arg-type]
+        egress=egress, profile=layout.profile, user=layout.user,
         image=image, workdir=TESTBED, memory_mb=memory_mb, disk_mb=disk_mb, cpu=cpu, pids=1024,
         env={**dict(layout.env), **recipe.env}, exec_timeout_s=max(120.0, recipe.test_timeout_s),
         # Big suites print a lot; the per-test summary comes last and must not be cut off.

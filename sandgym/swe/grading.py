@@ -166,7 +166,7 @@ def _report_sandgym(smap: dict[str, str], f2p: list[str], p2p: list[str]) -> tup
         bad = [t for t in ids if t not in smap or smap[t] in FAIL_STATUSES]
         return {"success": ok, "failure": bad}
 
-    report = {"FAIL_TO_PASS": split(f2p), "PASS_TO_PASS": split(p2p),
+    report: dict[str, dict[str, list[str]]] = {"FAIL_TO_PASS": split(f2p), "PASS_TO_PASS": split(p2p),
               "FAIL_TO_FAIL": {"success": [], "failure": []}, "PASS_TO_FAIL": {"success": [], "failure": []}}
 
     def rate(k: str) -> float:

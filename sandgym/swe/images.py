@@ -45,12 +45,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
 
 from .tasks import TESTBED, Recipe, SWETask
+
+if TYPE_CHECKING:  # imported when a build needs it
+    import docker
 
 log = logging.getLogger(__name__)
 
@@ -201,8 +204,8 @@ def instance_dockerfile(task: SWETask, env_tag: str, *, with_ca: bool) -> str:
         # A clone that borrows the history's objects (alternates): a sandbox copies the
         # small .git, not the whole history. Tags come along; the remote is removed.
         lines += [f"COPY history.git {HISTORY}",
-                  f"RUN chmod -R a+rX {HISTORY} && git clone -q --shared {HISTORY} {TESTBED} "
-                  f"&& git -C {TESTBED} remote remove origin"]
+                  (f"RUN chmod -R a+rX {HISTORY} && git clone -q --shared {HISTORY} {TESTBED} "
+                   f"&& git -C {TESTBED} remote remove origin")]
     else:
         lines += [f"COPY repo {TESTBED}"]
         if task.version and "SETUPTOOLS_SCM_PRETEND_VERSION" not in recipe.env:
@@ -250,16 +253,16 @@ class TaskImageBuilder:
         if ca_bundle is True:
             self.ca_bundle = host_ca_bundle()
         elif ca_bundle:
-            self.ca_bundle = Path(ca_bundle)  # type: ignore[arg-type]
+            self.ca_bundle = Path(ca_bundle)
         else:
             self.ca_bundle = None
         self.resolver = RecipeResolver(mirrors=mirrors, recipes=recipes)
         self.build_bases = build_bases
         self._locks: dict[str, anyio.Lock] = {}
-        self._client = None
+        self._client: docker.DockerClient | None = None
 
     @property
-    def client(self):  # type: ignore[no-untyped-def]
+    def client(self) -> docker.DockerClient:
         if self._client is None:
             import docker
 

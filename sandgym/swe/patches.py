@@ -18,6 +18,9 @@ class Hunk:
     old_start: int
     old: list[str] = field(default_factory=list)  # context + removed lines, with their "\n"
     new: list[str] = field(default_factory=list)  # context + added lines
+    # While parsing: the header's line counts (old, new), and whether the last line was context.
+    _want: tuple[int, int] = field(default=(0, 0), repr=False, compare=False)
+    _ctx_last: bool = field(default=False, repr=False, compare=False)
 
 
 @dataclass
@@ -78,7 +81,7 @@ def parse_patch(text: str) -> list[FilePatch]:
             if not m or cur is None:
                 raise PatchError(f"bad hunk header: {line.strip()!r}")
             hunk = Hunk(int(m.group(1)))
-            hunk._want = (int(m.group(2) or 1), int(m.group(4) or 1))  # type: ignore[attr-defined]
+            hunk._want = (int(m.group(2) or 1), int(m.group(4) or 1))
             cur.hunks.append(hunk)
         elif hunk is not None and line.startswith("\\"):
             # "\ No newline at end of file": the previous line has no "\n".
@@ -91,15 +94,15 @@ def parse_patch(text: str) -> list[FilePatch]:
             if line[:1] in (" ", "\n"):
                 hunk.old.append(body)
                 hunk.new.append(body)
-                hunk._ctx_last = True  # type: ignore[attr-defined]
+                hunk._ctx_last = True
                 last = hunk.old
             elif line[0] == "-":
                 hunk.old.append(body)
-                hunk._ctx_last = False  # type: ignore[attr-defined]
+                hunk._ctx_last = False
                 last = hunk.old
             else:
                 hunk.new.append(body)
-                hunk._ctx_last = False  # type: ignore[attr-defined]
+                hunk._ctx_last = False
                 last = hunk.new
         i += 1
     return files

@@ -229,7 +229,7 @@ class SWETask(BaseModel):
             from swebench.harness.test_spec.python import get_test_directives
         except ImportError:
             return [d for d in self.test_files if not d.endswith(_NON_TEST_EXTS)]
-        return list(get_test_directives({"repo": self.repo, "test_patch": self.test_patch}))  # type: ignore[arg-type]
+        return list(get_test_directives({"repo": self.repo, "test_patch": self.test_patch}))
 
     def test_command(self) -> str:
         recipe = self.require_recipe()

@@ -27,6 +27,11 @@ STEPS = ("gold_patch", "none")
 PASSING = ("passed", "xfail")
 
 
+def _constant(key: str) -> Callable[[SWETask], str]:
+    """A store key that names this run, whatever the task."""
+    return lambda _task: key
+
+
 class InstanceValidation(BaseModel):
     instance_id: str
     repo: str = ""
@@ -131,7 +136,7 @@ class Validator:
                         done = self.store.load(key)
                         if done is None:
                             runner = SWEDebugRunner(self.manager, step=step, builder=self.builder, store=self.store,
-                                                    progress=self.progress, key=lambda _t, key=key: key, **self.runner_kw)
+                                                    progress=self.progress, key=_constant(key), **self.runner_kw)
                             res: InstanceResult = await runner.run_one(task)
                             done = res.record()
                         results[step].append(done)

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +34,7 @@ ATTN_IMPL = "sandgym_varlen"
 @functools.cache
 def _flash_attn_func() -> Any:
     try:
-        from flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found]
+        from flash_attn import flash_attn_varlen_func
     except Exception:  # not installed, or built against another torch
         return None
     return flash_attn_varlen_func
@@ -117,11 +120,11 @@ def varlen_causal_attention(
     if kernel != "sdpa":
         raise ValueError(f"unknown attention kernel {kernel!r}")
     bounds = cu_seqlens.tolist()
-    lens = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
+    lens = [e - s for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
     if len(lens) > 1 and len(lens) * max(lens) <= 2 * q.shape[0]:
         return _sdpa_padded(q, k, v, lens, scale)
     out = torch.empty_like(q)
-    for s, e in zip(bounds[:-1], bounds[1:]):
+    for s, e in zip(bounds[:-1], bounds[1:], strict=True):
         if e <= s:
             continue
         # (1, H, L, D) views of one sequence; is_causal needs no materialized mask.
@@ -200,7 +203,7 @@ def register() -> str:
     return ATTN_IMPL
 
 
-def use_varlen(model: torch.nn.Module) -> None:
+def use_varlen(model: PreTrainedModel) -> None:
     """Switch a transformers model to the packed-attention implementation."""
     register()
     if hasattr(model, "set_attn_implementation"):

@@ -58,7 +58,7 @@ class Sequence:
 
 
 def _first_mismatch(a: list[int], b: list[int]) -> int:
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return min(len(a), len(b))
@@ -184,7 +184,7 @@ class MicroBatch:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[1])
 
-    def to(self, device: torch.device | str) -> "MicroBatch":
+    def to(self, device: torch.device | str) -> MicroBatch:
         d = torch.device(device)
         return MicroBatch(
             input_ids=self.input_ids.to(d),
@@ -219,8 +219,8 @@ def plan_packing(lengths: list[int], max_tokens: int) -> list[list[int]]:
         else:
             bins.append([i])
             room.append(max(max_tokens - n, 0))
-    for b in bins:
-        b.sort()  # keep step order inside a micro-batch (deterministic, readable)
+    for group in bins:
+        group.sort()  # keep step order inside a micro-batch (deterministic, readable)
     return bins
 
 

@@ -197,7 +197,7 @@ class TrainConfig(_Strict):
     output: OutputConfig = Field(default_factory=OutputConfig)
 
     @model_validator(mode="after")
-    def _compatible(self) -> "TrainConfig":
+    def _compatible(self) -> TrainConfig:
         """Combinations that cannot work, refused before anything is built."""
         b, o, d = self.backend, self.optim, self.distributed
         level = o.async_level
@@ -250,7 +250,7 @@ class TrainConfig(_Strict):
         return self.optim.async_level == 0 if s is None else s
 
     @classmethod
-    def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> "TrainConfig":
+    def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
         p = Path(path)
         cfg = cls.model_validate(load_toml(p, overrides))
         base = p.resolve().parent

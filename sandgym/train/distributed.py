@@ -25,9 +25,12 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +109,7 @@ def assign_to_ranks(lengths: list[int], world_size: int) -> list[list[int]]:
     return [sorted(x) for x in out]
 
 
-def shard_model(model: torch.nn.Module, root: torch.nn.Module) -> None:
+def shard_model(model: PreTrainedModel, root: torch.nn.Module) -> None:
     """FSDP2 on a transformers causal LM: each decoder layer its own unit, then `root` (the
     module whose forward the trainer calls; it owns the embeddings, final norm and the tied LM
     head). FSDP2 averages gradients over ranks; each rank's loss is its share of the step loss,
@@ -114,8 +117,9 @@ def shard_model(model: torch.nn.Module, root: torch.nn.Module) -> None:
     of 1 would say the same, but reduces with PREMUL_SUM, which gloo does not have.)"""
     from torch.distributed.fsdp import fully_shard
 
-    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    for layer in base.layers:
+    from sandgym.train.logprobs import decoder
+
+    for layer in decoder(model).layers:
         fully_shard(layer)
     fully_shard(root)
 
@@ -209,7 +213,8 @@ def full_state_dict(model: torch.nn.Module, dist: Dist) -> dict[str, torch.Tenso
         return dict(model.state_dict())
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # Full state dicts hold plain tensors (torch types the values as any kind of state).
+    return cast(dict[str, torch.Tensor], get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
 
 
 def optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer, dist: Dist) -> dict[str, Any]:
@@ -221,7 +226,7 @@ def optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimize
 
 
 def load_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict[str, torch.Tensor], optim_sd: dict[str, Any] | None
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict[str, Any], optim_sd: dict[str, Any] | None
 ) -> None:
     """Load full state dicts (what `full_state_dict` / `optimizer_state_dict` saved) into a
     plain or sharded model and its optimizer; every rank passes the whole dicts."""

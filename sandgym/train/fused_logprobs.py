@@ -63,7 +63,9 @@ def _empty(hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _head_weight(lm_head: torch.nn.Module) -> torch.Tensor:
     if getattr(lm_head, "bias", None) is not None:
         raise NotImplementedError("LM heads with a bias are not supported")
-    return lm_head.weight
+    weight = lm_head.weight
+    assert isinstance(weight, torch.Tensor)
+    return weight
 
 
 def trl_logprobs(

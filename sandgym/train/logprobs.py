@@ -16,11 +16,15 @@ device) and the fused kernels of fused_logprobs.py; `pick_head_kernel` resolves 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sandgym.train import fused_logprobs
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -29,7 +33,7 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 class ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int, inv_temp: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n = hidden.shape[0]
@@ -57,7 +61,7 @@ class ChunkedLogprobs(torch.autograd.Function):
         return lp, ent
 
     @staticmethod
-    def backward(ctx: Any, grad_lp: torch.Tensor, grad_ent: torch.Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_lp: torch.Tensor, grad_ent: torch.Tensor | None) -> tuple[Any, ...]:
         hidden, weight, targets, logz = ctx.saved_tensors
         chunk, inv_temp = ctx.chunk, ctx.inv_temp
         acc = logz.dtype
@@ -79,12 +83,12 @@ class ChunkedLogprobs(torch.autograd.Function):
             if inv_temp != 1.0:
                 d.mul_(inv_temp)
             d16 = d.to(hidden.dtype)
-            if need_h:
+            if grad_h is not None:  # needed
                 grad_h[s:e] = d16 @ w
-            if need_w:
+            if grad_w is not None:
                 grad_w.add_((d16.t() @ hidden[s:e]).to(acc))
             del logits, d, d16
-        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None
+        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None
 
 
 def chunked_logprobs(
@@ -137,8 +141,14 @@ def pick_head_kernel(device: torch.device | str, requested: str = "auto") -> str
     return requested
 
 
+def decoder(model: torch.nn.Module) -> Any:
+    """A transformers causal LM's decoder (embeddings + layers + final norm, no LM head)."""
+    get_decoder = getattr(model, "get_decoder", None)
+    return get_decoder() if get_decoder is not None else model.model
+
+
 def packed_logprobs(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
     cu_seqlens: torch.Tensor,
@@ -158,8 +168,7 @@ def packed_logprobs(
 
     # Indices first: nonzero() waits for the device, better before the forward is queued.
     idx = only.nonzero().squeeze(-1) if only is not None else None
-    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    out = base(
+    out = decoder(model)(
         input_ids=input_ids,
         position_ids=position_ids,
         use_cache=False,

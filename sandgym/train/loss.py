@@ -83,7 +83,7 @@ class LossConfig(BaseModel):
     advantage_eps: float = Field(1e-6, gt=0.0)
 
     @model_validator(mode="after")
-    def _compatible(self) -> "LossConfig":
+    def _compatible(self) -> LossConfig:
         if self.policy_loss == "gspo" and self.normalization != "sequence":
             raise ConfigError(
                 f"loss.normalization = {self.normalization!r} conflicts with loss.policy_loss = 'gspo': GSPO's "
@@ -108,14 +108,14 @@ class StepNormalizer:
     seq_tokens: torch.Tensor  # (num_sequences,) loss tokens per sequence
 
     @staticmethod
-    def from_masks(masks: list[torch.Tensor], seq_index: list[torch.Tensor], num_sequences: int) -> "StepNormalizer":
+    def from_masks(masks: list[torch.Tensor], seq_index: list[torch.Tensor], num_sequences: int) -> StepNormalizer:
         counts = torch.zeros(num_sequences, dtype=torch.float64)
-        for m, s in zip(masks, seq_index):
+        for m, s in zip(masks, seq_index, strict=True):
             counts.index_add_(0, s.cpu(), m.detach().cpu().to(torch.float64))
         return StepNormalizer(total_tokens=float(counts.sum()), num_sequences=num_sequences, seq_tokens=counts)
 
     @staticmethod
-    def from_sequences(seqs: "list[Sequence]") -> "StepNormalizer":
+    def from_sequences(seqs: list[Sequence]) -> StepNormalizer:
         """The same counts from the sequences themselves (what pack() turns into masks: a
         token is trained when the token it predicts has loss mask 1)."""
         counts = torch.tensor([float(sum(s.loss_mask[1:])) for s in seqs], dtype=torch.float64)

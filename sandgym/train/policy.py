@@ -16,7 +16,8 @@ import contextlib
 import logging
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,8 +34,11 @@ from sandgym.train.distributed import (
     optimizer_state_dict,
     shard_model,
 )
-from sandgym.train.logprobs import packed_logprobs, pick_head_kernel
+from sandgym.train.logprobs import decoder, packed_logprobs, pick_head_kernel
 from sandgym.train.loss import LossConfig, StepNormalizer, grpo_loss
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +59,14 @@ def autocast_dtype(model_cfg: ModelConfig, device: torch.device) -> torch.dtype 
 class LogprobModel(torch.nn.Module):
     """A causal LM whose forward is: packed micro-batch -> (token logprobs, entropy or None)."""
 
-    def __init__(self, model: torch.nn.Module, kernel: str, chunk_size: int, head_kernel: str = "torch") -> None:
+    def __init__(self, model: PreTrainedModel, kernel: str, chunk_size: int, head_kernel: str = "torch") -> None:
         super().__init__()
         self.model = model
         self.kernel = kernel
         self.chunk_size = chunk_size
         self.head_kernel = head_kernel
 
-    def forward(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor | None]:  # type: ignore[override]
+    def forward(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         return packed_logprobs(
             self.model,
             mb.input_ids,
@@ -81,8 +85,7 @@ def compile_layers(model: torch.nn.Module) -> None:
     """torch.compile each decoder layer in place, with dynamic shapes (packed micro-batches
     differ in length). Layers, not the whole model: the attention call and the LM head stay
     outside the graph, so sandgym's varlen kernels and fused heads run as they are."""
-    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    for layer in base.layers:
+    for layer in decoder(model).layers:
         layer.compile(dynamic=True)
 
 
@@ -122,12 +125,12 @@ def lr_lambda(warmup_steps: int, total_steps: int, schedule: str) -> Callable[[i
 class PolicyTrainer:
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         model_cfg: ModelConfig,
         optim_cfg: OptimConfig,
         loss_cfg: LossConfig,
         device: torch.device,
-        ref_model: torch.nn.Module | None = None,
+        ref_model: PreTrainedModel | None = None,
         dist: Dist = SINGLE,
     ) -> None:
         self.model = model
@@ -240,7 +243,8 @@ class PolicyTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             for i, mb in enumerate(mbs):
                 lp, ent = self._logprobs(self.lp_model, mb)
-                old_lp = old[i] if old[i] is not None else lp.detach()
+                prev = old[i]
+                old_lp = prev if prev is not None else lp.detach()
                 loss, stats = grpo_loss(
                     lp,
                     old_lp,
@@ -271,7 +275,7 @@ class PolicyTrainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
-        host = dict(zip(keys, total.cpu().tolist()))  # one sync for all metrics
+        host = dict(zip(keys, total.cpu().tolist(), strict=True))  # one sync for all metrics
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2: the global norm
             grad_norm = grad_norm.full_tensor()
         gn = float(grad_norm)

@@ -29,8 +29,8 @@ class RayRolloutSource(EnvRolloutSource):
         self, base_url: str, model: str, start: int, count: int, group_size: int, sampling: dict[str, Any], max_concurrent: int
     ) -> list[list[State]]:
         from sandgym.fleet.distributed import generate_groups
-        from sandgym.sandboxes.providers.ray import Fleet
         from sandgym.fleet.jobs import ClientSpec, EnvSpec
+        from sandgym.sandboxes.providers.ray import Fleet
 
         client = ClientSpec(model=model, base_url=base_url, api_key="sandgym", request_tokens=True)
         async with Fleet(self.address) as fleet:

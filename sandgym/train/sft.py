@@ -23,8 +23,9 @@ import logging
 import random
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -78,7 +79,7 @@ class SFTConfig(_Strict):
     output: SFTOutputConfig = Field(default_factory=SFTOutputConfig)
 
     @classmethod
-    def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> "SFTConfig":
+    def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> SFTConfig:
         p = Path(path)
         cfg = cls.model_validate(load_toml(p, overrides))
         base = p.resolve().parent
@@ -152,7 +153,7 @@ class SFTTrainer:
             from sandgym.train.checkpoints import load_weights
 
             load_weights(model, cfg.model.init_from, cfg.model.model_dump(mode="json"))
-        self.model = model.to(self.device)
+        self.model = model.to(self.device)  # type: ignore[arg-type]  # transformers wraps PreTrainedModel.to with functools.wraps, which hides the bound self from mypy
         self.kernel = pick_kernel(self.device, cfg.model.attention)
         self.head_kernel = pick_head_kernel(self.device, cfg.model.logprob_kernel)
         use_varlen(self.model)
@@ -167,7 +168,7 @@ class SFTTrainer:
 
     def next_batch(self) -> list[Sequence]:
         """`batch_size` sequences, shuffled epochs over the data (deterministic per seed)."""
-        out = []
+        out: list[Sequence] = []
         while len(out) < self.cfg.optim.batch_size:
             if not self.order:
                 self.order = list(range(len(self.sequences)))

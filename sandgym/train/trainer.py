@@ -34,8 +34,9 @@ import shutil
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.from_thread
@@ -53,12 +54,15 @@ from sandgym.train.pipeline import ReadyGroup, RolloutPipeline
 from sandgym.train.policy import PolicyTrainer, autocast_dtype
 from sandgym.train.rollout_source import RolloutSource
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = 2  # full state dicts, optimizer state keyed by parameter name
 
 
-def load_model_and_tokenizer(cfg: TrainConfig) -> tuple[torch.nn.Module, Any]:
+def load_model_and_tokenizer(cfg: TrainConfig) -> tuple[PreTrainedModel, Any]:
     mc = cfg.model
     if mc.name_or_path == "tiny":
         from sandgym.models.tiny import byte_tokenizer, tiny_qwen2
@@ -81,7 +85,7 @@ def load_model_and_tokenizer(cfg: TrainConfig) -> tuple[torch.nn.Module, Any]:
     return model, tok
 
 
-def make_backend(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, device: torch.device) -> InferenceBackend:
+def make_backend(cfg: TrainConfig, model: PreTrainedModel, tokenizer: Any, device: torch.device) -> InferenceBackend:
     """The inference backend, not started. Made while `model` is whole (before FSDP2 shards
     it): the transformers backend serves it or a copy of it, vLLM loads it from disk."""
     kind = cfg.backend.kind
@@ -154,7 +158,7 @@ class Trainer:
             from sandgym.train.checkpoints import load_weights
 
             load_weights(model, cfg.model.init_from, cfg.model.model_dump(mode="json"))
-        self.model = model.to(self.device)
+        self.model = model.to(self.device)  # type: ignore[arg-type]  # transformers wraps PreTrainedModel.to with functools.wraps, which hides the bound self from mypy
         ref = None
         if cfg.loss.kl_beta > 0:
             ref = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -264,7 +268,7 @@ class Trainer:
             if self.cfg.env.use_env_advantages and len(ok) == len(g) and all(s.advantage is not None for s in g):
                 continue
             adv = group_advantages([s.reward for s in ok], normalize_std=loss.scale_advantages_by_std, eps=loss.advantage_eps)
-            for s, a in zip(ok, adv):
+            for s, a in zip(ok, adv, strict=True):
                 s.advantage = float(a)
             for s in g:
                 if not valid(s):
@@ -419,7 +423,7 @@ class Trainer:
             self.load_checkpoint(ck)
         if main and cfg.output.wandb_project:
             try:
-                import wandb  # type: ignore[import-not-found]
+                import wandb
 
                 self._wandb = wandb.init(project=cfg.output.wandb_project, config=cfg.model_dump(mode="json"))
             except ImportError:

@@ -14,15 +14,15 @@ import pytest
 
 pytest.importorskip("bfcl_eval", reason="bfcl-eval is not installed (scripts/bootstrap.sh installs it with --no-deps)")
 
-from sandgym import envs  # noqa: E402
-from sandgym.bfcl import data  # noqa: E402
-from sandgym.bfcl.export import bfcl_evaluate, compare, export_results, is_partial, load_records, sandgym_accuracy  # noqa: E402
-from sandgym.bfcl.imperfect import ImperfectOracle  # noqa: E402
-from sandgym.core.clients import ModelResponse  # noqa: E402
-from sandgym.core.policies import get_policy  # noqa: E402
-from sandgym.core.evaluation import run_eval  # noqa: E402
-from sandgym.core.tools import tool_call  # noqa: E402
-from tests.conftest import require_docker  # noqa: E402
+from sandgym import envs
+from sandgym.bfcl import data
+from sandgym.bfcl.export import bfcl_evaluate, compare, export_results, is_partial, load_records, sandgym_accuracy
+from sandgym.bfcl.imperfect import ImperfectOracle
+from sandgym.core.clients import ModelResponse
+from sandgym.core.evaluation import run_eval
+from sandgym.core.policies import get_policy
+from sandgym.core.tools import tool_call
+from tests.conftest import require_docker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 

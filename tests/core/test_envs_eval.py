@@ -12,15 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-import anyio
 import pytest
 
 from sandgym import envs
 from sandgym.core.clients import OpenAIClient
-from sandgym.core.policies import get_policy
 from sandgym.core.env_group import EnvGroup
 from sandgym.core.environment import SingleTurnEnv
 from sandgym.core.evaluation import RecordLog, run_eval
+from sandgym.core.policies import get_policy
 from sandgym.core.rubric import Rubric
 from sandgym.core.testing import MockOpenAIServer, Reply
 from sandgym.sandboxes.registry import get_provider
@@ -80,7 +79,7 @@ async def test_tool_use_oracle_solves_every_task_through_tools_and_null_fails(tm
 async def test_env_group_routes_rows_to_their_environment() -> None:
     tool_env = envs.load_environment("tool_use", num_tasks=4)
 
-    def exact(completion, answer) -> float:  # noqa: ANN001
+    def exact(completion, answer) -> float:
         return 1.0 if completion[-1]["content"] == answer else 0.0
 
     echo = SingleTurnEnv(eval_dataset=[{"question": f"say {w}", "answer": w} for w in ("red", "blue")], rubric=Rubric([exact]), name="echo")
@@ -95,7 +94,7 @@ async def test_env_group_routes_rows_to_their_environment() -> None:
     assert all(s.advantage == 0.0 for s in states)  # equal rewards in every group
 
     # with a model: only the tool_use rows are offered tools
-    def responder(body):  # noqa: ANN001
+    def responder(body):
         return Reply(content=body["messages"][-1]["content"].removeprefix("say "))
 
     with MockOpenAIServer(responder) as srv:
@@ -159,7 +158,7 @@ def test_cli_eval_with_a_model_records_tokens_and_prints_json_last(tmp_path: Pat
     env = envs.load_environment("tool_use", num_tasks=2)
     answers = {r["question"]: r for r in env.rows()}
 
-    def responder(body):  # noqa: ANN001
+    def responder(body):
         msgs = body["messages"]
         row = answers[next(m["content"] for m in msgs if m["role"] == "user")]
         if not any(m["role"] == "tool" for m in msgs):
@@ -194,7 +193,7 @@ def test_cli_eval_with_a_model_records_tokens_and_prints_json_last(tmp_path: Pat
 async def test_resume_refuses_a_folder_holding_another_runs_records(tmp_path: Path) -> None:
     from sandgym.errors import UserError
 
-    def exact(completion, answer) -> float:  # noqa: ANN001
+    def exact(completion, answer) -> float:
         return float(completion[-1]["content"] == answer)
 
     env = SingleTurnEnv(eval_dataset=[{"question": f"say {w}", "answer": w} for w in ("red", "blue")], rubric=Rubric([exact]), name="echo")

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.anyio
 def _raised(exc: BaseException, cause: BaseException | None = None) -> BaseException:
     try:
         raise exc from cause
-    except BaseException as caught:  # noqa: BLE001 - we want the object with its chain
+    except BaseException as caught:  # we want the object with its chain
         return caught
 
 

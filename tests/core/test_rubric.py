@@ -1,9 +1,10 @@
 import anyio
+import anyio.lowlevel
 import pytest
 
+from sandgym.core.clients import OpenAIClient
 from sandgym.core.parsers import XMLParser
 from sandgym.core.rubric import JudgeRubric, Rubric
-from sandgym.core.clients import OpenAIClient
 from sandgym.core.state import State
 from sandgym.core.testing import MockOpenAIServer, Reply
 
@@ -29,7 +30,7 @@ async def test_reward_functions_get_only_the_arguments_they_name_sync_and_async(
         return 1.0 if parser.parse_answer(completion) == answer else 0.0
 
     async def uses_info(info, state):  # async
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         seen["uses_info"] = set()
         assert state.info is info
         return 0.5 if info.get("k") == "v" else 0.0

@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 
 import anyio
 import pytest
-from tests.conftest import require_docker
 
 from sandgym.core.clients import OpenAIClient
 from sandgym.core.sandbox_env import PythonEnv, SandboxEnv
 from sandgym.core.testing import MockOpenAIServer, Reply, last_user
 from sandgym.sandboxes.manager import SandboxManager
 from sandgym.sandboxes.spec import SandboxSpec
+from tests.conftest import require_docker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -79,14 +79,14 @@ async def test_bash_env_and_a_sandbox_that_dies_mid_rollout(manager: SandboxMana
     env = SandboxEnv(dataset=[{"question": q, "answer": ""} for q in ["a", "DIE", "b"]], sandbox_spec=SPEC)
     orig_setup = env.setup_sandbox
 
-    async def setup_sandbox(sb, state):  # noqa: ANN001
+    async def setup_sandbox(sb, state):
         await orig_setup(sb, state)
         q = state.prompt[-1]["content"]
         sandboxes[q] = sb.id
 
     env.setup_sandbox = setup_sandbox  # type: ignore[method-assign]
 
-    def responder(body):  # noqa: ANN001
+    def responder(body):
         q = last_user(body)
         n_tools = sum(1 for m in body["messages"] if m["role"] == "tool")
         if n_tools == 0:
@@ -101,7 +101,7 @@ async def test_bash_env_and_a_sandbox_that_dies_mid_rollout(manager: SandboxMana
         client = OpenAIClient(srv.base_url, max_retries=0)
         results = {}
 
-        async def run(row):  # noqa: ANN001
+        async def run(row):
             results[row["question"]] = await env.rollout(client, "m", row)
 
         async def killer() -> None:

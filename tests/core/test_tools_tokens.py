@@ -10,8 +10,6 @@ from sandgym.core.environment import MultiTurnEnv, SingleTurnEnv
 from sandgym.core.testing import MockOpenAIServer, Reply, decode, last_user
 from sandgym.core.tools import ToolEnv, tool_schema
 
-
-
 pytestmark = pytest.mark.anyio
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from sandgym import envs
-from sandgym.envs.humaneval import run_tests, scoring_pool_size
-from sandgym.core.policies import get_policy
 from sandgym.core.evaluation import run_eval
+from sandgym.core.policies import get_policy
+from sandgym.envs.humaneval import run_tests, scoring_pool_size
 from sandgym.sandboxes import SandboxManager, SandboxSpec
 from sandgym.sandboxes.spec import host_cpus
 from tests.conftest import require_docker

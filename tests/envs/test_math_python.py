@@ -12,11 +12,11 @@ import pytest
 
 pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed (pip install -e '.[bench]')")
 
-from sandgym import envs  # noqa: E402
-from sandgym.core.clients import ModelResponse  # noqa: E402
-from sandgym.core.policies import OraclePolicy, get_policy  # noqa: E402
-from sandgym.core.evaluation import run_eval  # noqa: E402
-from tests.conftest import require_docker  # noqa: E402
+from sandgym import envs
+from sandgym.core.clients import ModelResponse
+from sandgym.core.evaluation import run_eval
+from sandgym.core.policies import OraclePolicy, get_policy
+from tests.conftest import require_docker
 
 pytestmark = pytest.mark.anyio
 

@@ -54,7 +54,7 @@ def _ping() -> bool:
         return False
 
 
-def _wait(pred, timeout: float) -> bool:  # noqa: ANN001
+def _wait(pred, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while not pred():
         if time.monotonic() > deadline:

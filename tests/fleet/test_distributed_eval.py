@@ -109,8 +109,8 @@ def test_cli_eval_survives_a_node_killed_mid_run(cluster: Any, tmp_path: Path) -
 
 @pytest.mark.anyio
 async def test_resume_on_the_fleet_runs_only_what_is_missing(cluster: Any, tmp_path: Path) -> None:
-    from sandgym.fleet.distributed import run_distributed_eval
     from sandgym.envs import load_environment
+    from sandgym.fleet.distributed import run_distributed_eval
     from sandgym.fleet.jobs import ClientSpec, EnvSpec
 
     env_spec = EnvSpec(name="humaneval")

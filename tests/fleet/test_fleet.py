@@ -14,11 +14,11 @@ import anyio
 import pytest
 
 from sandgym.core.failures import classify
-from sandgym.sandboxes.providers.ray.ratelimit import Backoff, TokenBucket
 from sandgym.sandboxes import SandboxLostError, SandboxManager, SandboxSpec
 from sandgym.sandboxes.base import ExecJob
 from sandgym.sandboxes.contract import CHECKS, DEFAULT_SPEC, run_check
 from sandgym.sandboxes.ownership import new_run_id, owner_labels
+from sandgym.sandboxes.providers.ray.ratelimit import Backoff, TokenBucket
 
 from .conftest import NODE_CAP, node_containers
 

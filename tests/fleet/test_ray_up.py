@@ -12,7 +12,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-
 from tests.conftest import require_docker
 
 from .conftest import node_containers, require_ray

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from sandgym import envs
-from sandgym.core.policies import get_policy
 from sandgym.core.evaluation import run_eval
+from sandgym.core.policies import get_policy
 from sandgym.judge.formats import detect_format, load_problems, to_problem
 from sandgym.judge.judge import judge
 from sandgym.judge.model import Problem, TestCase

@@ -89,11 +89,11 @@ class LoadReport:
         )
 
 
-async def drive(sandboxes: list, n_execs: int, latencies: list[float]) -> None:  # noqa: ANN001
+async def drive(sandboxes: list, n_execs: int, latencies: list[float]) -> None:
     """Every sandbox runs `n_execs` commands back to back; all sandboxes at once. Each
     command's output is checked, so a dropped or crossed reply fails the run."""
 
-    async def one(i: int, sb) -> None:  # noqa: ANN001
+    async def one(i: int, sb) -> None:
         for k in range(n_execs):
             t = time.perf_counter()
             res = await sb.exec(["echo", f"{i}:{k}"], timeout=60)

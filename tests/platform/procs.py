@@ -58,7 +58,7 @@ class ServeProcess:
         self.proc.send_signal(sig)
         return self.proc.wait(60)
 
-    def __enter__(self) -> "ServeProcess":
+    def __enter__(self) -> ServeProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-import tracemalloc
 import time
+import tracemalloc
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,10 +23,10 @@ import pytest
 
 from sandgym.sandboxes.base import ExecJob
 from sandgym.sandboxes.errors import ImagePullError, SandboxFileNotFound, SandboxGoneError, SpecError
-from sandgym.sandboxes.providers.docker import provider as docker_provider
 from sandgym.sandboxes.providers.docker import DockerProvider, DockerSandbox
-from sandgym.sandboxes.providers.docker.execd import DockerExecdTransport
+from sandgym.sandboxes.providers.docker import provider as docker_provider
 from sandgym.sandboxes.providers.docker.exec import DockerExecTransport
+from sandgym.sandboxes.providers.docker.execd import DockerExecdTransport
 from sandgym.sandboxes.providers.docker.transport import Transport
 from sandgym.sandboxes.spec import LABEL_OWNER, SandboxSpec
 

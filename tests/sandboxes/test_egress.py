@@ -45,7 +45,7 @@ for url in sys.argv[1:]:
 
 
 class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         body = b"hello from the host"
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))

@@ -22,8 +22,8 @@ import anyio
 import pytest
 
 from sandgym.sandboxes.errors import SandboxError, SandboxFileNotFound, SandboxGoneError, SpecError
-from sandgym.sandboxes.providers.local import provider as local_mod
 from sandgym.sandboxes.providers.local import LocalProvider, LocalSandbox, WeakIsolationWarning
+from sandgym.sandboxes.providers.local import provider as local_mod
 from sandgym.sandboxes.spec import LABEL_OWNER, LABEL_PID, SandboxSpec
 
 pytestmark = pytest.mark.anyio

@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from sandgym.sandboxes import (
@@ -41,7 +42,7 @@ async def test_hooks_run_in_order() -> None:
     events: list[str] = []
 
     async def on_ready(sb: Sandbox) -> None:
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         events.append("on_ready")
 
     hooks = {
@@ -208,7 +209,7 @@ async def test_context_manager_releases_on_error() -> None:
     async with SandboxManager("local") as mgr:
         with pytest.raises(ZeroDivisionError):
             async with mgr.sandbox(SPEC):
-                1 / 0
+                raise ZeroDivisionError
         assert mgr.live == 0
 
 

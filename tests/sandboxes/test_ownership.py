@@ -109,7 +109,7 @@ def test_lifeline_end_is_dropped_by_fork_children_and_closed_once() -> None:
     os.close(r2)
 
 
-def test_lifeline_fifo(tmp_path) -> None:  # noqa: ANN001
+def test_lifeline_fifo(tmp_path) -> None:
     ours = Lifeline.fifo(tmp_path / "lifeline")
     assert oct((tmp_path / "lifeline").stat().st_mode & 0o777) == "0o644"
     fd = os.open(tmp_path / "lifeline", os.O_RDONLY | os.O_NONBLOCK)

@@ -42,7 +42,7 @@ class HostWitness:
         while not self._stop.is_set():
             try:
                 conn, _ = self.tcp.accept()
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 pass
             except OSError:
                 return

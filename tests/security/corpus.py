@@ -53,7 +53,7 @@ class Hostile:
     # there, each with its reason in a comment where it is set.
     vm: dict[str, Any] = field(default_factory=dict)
 
-    def for_vm(self) -> "Hostile":
+    def for_vm(self) -> Hostile:
         return replace(self, **self.vm) if self.vm else self
 
     def render(self, **values: str) -> str:

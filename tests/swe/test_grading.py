@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from sandgym.swe.grading import _report_sandgym, _report_swebench, grade_log, status_map, output_section
+from sandgym.swe.grading import _report_sandgym, _report_swebench, grade_log, output_section, status_map
 from sandgym.swe.tasks import SWETask
 
 DATA = Path(__file__).parent / "data" / "grading"

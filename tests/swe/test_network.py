@@ -23,7 +23,7 @@ ALIAS = "host.sandgym.internal"
 
 
 class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         body = b"hello from the host"
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))

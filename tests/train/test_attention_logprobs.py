@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from sandgym.models.tiny import tiny_qwen2
 from sandgym.train.attention import ATTN_IMPL, available_kernels, pick_kernel, use_varlen, varlen_causal_attention
 from sandgym.train.logprobs import chunked_logprobs, packed_logprobs
-from sandgym.models.tiny import tiny_qwen2
 
 
 def _naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: list[int]) -> torch.Tensor:

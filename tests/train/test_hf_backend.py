@@ -10,14 +10,13 @@ import pytest
 import torch
 
 from sandgym.core.clients import OpenAIClient, extract_tokens
-from sandgym.core.state import State
+from sandgym.core.state import State, Turn, TurnTokens
+from sandgym.models.tiny import byte_tokenizer, tiny_qwen2
 from sandgym.train.attention import use_varlen
 from sandgym.train.backends.hf import HFBackend
 from sandgym.train.backends.openai_server import parse_tool_calls
 from sandgym.train.batch import pack, state_to_sequence
-from sandgym.core.state import Turn, TurnTokens
 from sandgym.train.logprobs import packed_logprobs
-from sandgym.models.tiny import byte_tokenizer, tiny_qwen2
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,15 @@ and the in-place load check. The engine itself runs on the device
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from types import SimpleNamespace
-from typing import Any, Iterable
+from typing import Any
 
 import pytest
 import torch
 
-from sandgym.train.backends import vllm as vb
 from sandgym.models.tiny import byte_tokenizer, qwen2_config, tiny_qwen2
+from sandgym.train.backends import vllm as vb
 
 needs_no_vllm = pytest.mark.skipif(vb.vllm_available(), reason="vllm is installed here: the no-vllm error path cannot be seen")
 

@@ -15,21 +15,32 @@ POLICY_DIR/<src>.json: {"sandbox": "<id>", "allow": [...], "deny": [...]}, re-re
 mtime changes, so a policy change applies to the next request with no reload.
 """
 
+from __future__ import annotations
+
 import importlib.util
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote
 
-_here = os.path.dirname(os.path.abspath(__file__))
-_spec = importlib.util.spec_from_file_location("sandgym_egress_rules", os.path.join(_here, "rules.py"))
-rules = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
-_spec.loader.exec_module(rules)  # type: ignore[union-attr]
+if TYPE_CHECKING:  # the same file, loaded by path below (squid runs us without sandgym)
+    from sandgym.sandboxes.egress import rules
+    from sandgym.sandboxes.egress.rules import Rule
 
-_cache = {}  # path -> (mtime_ns, size, (sandbox, allow rules, deny rules))
+    Policy = tuple[str, list[Rule], list[Rule]]  # (sandbox, allow rules, deny rules)
+else:
+    _here = os.path.dirname(os.path.abspath(__file__))
+    _spec = importlib.util.spec_from_file_location("sandgym_egress_rules", os.path.join(_here, "rules.py"))
+    if _spec is None or _spec.loader is None:
+        raise ImportError(f"cannot load rules.py next to {__file__}")
+    rules = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(rules)
+
+_cache: dict[str, tuple[int, int, Policy]] = {}  # path -> (mtime_ns, size, policy)
 
 
-def load(policy_dir, src):
+def load(policy_dir: str, src: str) -> Policy | None:
     if "/" in src or src.startswith("."):
         return None
     path = os.path.join(policy_dir, src + ".json")
@@ -51,7 +62,7 @@ def load(policy_dir, src):
     return parsed
 
 
-def answer(policy_dir, host_ports, line):
+def answer(policy_dir: str, host_ports: list[int], line: str) -> str | None:
     parts = line.split()
     if not parts:
         return None
@@ -72,7 +83,7 @@ def answer(policy_dir, host_ports, line):
         return "%s BH message=%s" % (chan, quote(repr(exc)))
 
 
-def main():
+def main() -> None:
     policy_dir = sys.argv[1]
     ports = sys.argv[2] if len(sys.argv) > 2 else "-"
     host_ports = [int(p) for p in ports.split(",") if p.isdigit()]

@@ -305,7 +305,7 @@ def _has_user(name: str) -> bool:
         return False
 
 
-def _parse(line: str) -> dict | None:  # type: ignore[type-arg]
+def _parse(line: str) -> dict | None:
     # %ts.%03tu %>a %Ss/%03>Hs %<st %rm %>rd %>rP tag=%et ext=%ea
     parts = line.split()
     if len(parts) < 9:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 ALIAS = "host.sandgym.internal"
 WEB_PORTS = (80, 443)
@@ -34,7 +34,7 @@ _IPV4ISH = re.compile(r"^[0-9./]+$")
 
 class Rule(NamedTuple):
     kind: str  # "any" | "host" | "wild" | "net" | "alias"
-    value: object  # host name, wildcard suffix (".x.org"), or an IPv4Network
+    value: Union[str, ipaddress.IPv4Network, None]  # host name, wildcard suffix (".x.org"), IPv4Network
     lo: Optional[int]  # port range; None = the kind's default
     hi: Optional[int]
     text: str  # the normalised entry
@@ -113,7 +113,8 @@ def matches(rule: Rule, host: str, port: int, addrs: Callable[[], List[ipaddress
     if rule.kind == "alias":
         return host == ALIAS and _port_ok(rule, port, None)
     if rule.kind == "net":
-        return _port_ok(rule, port, None) and any(a in rule.value for a in addrs())  # type: ignore[operator]
+        net = rule.value
+        return isinstance(net, ipaddress.IPv4Network) and _port_ok(rule, port, None) and any(a in net for a in addrs())
     if not _port_ok(rule, port, WEB_PORTS):
         return False
     if rule.kind == "wild":

@@ -332,7 +332,7 @@ class ExecdClient:
         deadline = sum(per_job) / p + max(per_job) + self.grace_s
         reply, rblobs = await self._request(header, blobs, deadline_s=deadline)
         results = []
-        for i, (fields, j) in enumerate(zip(reply["results"], specs)):
+        for i, (fields, j) in enumerate(zip(reply["results"], specs, strict=True)):
             if "error" in fields:
                 err = fields["error"]
                 raise ExecdRequestError(str(err.get("code")), f"job {i}: {err.get('message')}")
@@ -369,7 +369,7 @@ class ExecdClient:
             else:
                 conn.abandon()
 
-    async def __aenter__(self) -> "ExecdClient":
+    async def __aenter__(self) -> ExecdClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -20,16 +20,17 @@ CHUNK = 1 << 16
 def _carry(a: socket.socket, b: socket.socket) -> None:
     sel = selectors.DefaultSelector()
     peers = {a: b, b: a}
+    by_fd = {a.fileno(): a, b.fileno(): b}
     open_in = {a, b}
     try:
         for s in open_in:
             sel.register(s, selectors.EVENT_READ)
         while open_in:
             for key, _ in sel.select():
-                src = key.fileobj
-                dst = peers[src]  # type: ignore[index]
+                src = by_fd[key.fd]
+                dst = peers[src]
                 try:
-                    data = src.recv(CHUNK)  # type: ignore[union-attr]
+                    data = src.recv(CHUNK)
                 except OSError:
                     data = b""
                 if data:
@@ -39,7 +40,7 @@ def _carry(a: socket.socket, b: socket.socket) -> None:
                     except OSError:
                         return
                 sel.unregister(src)
-                open_in.discard(src)  # type: ignore[arg-type]
+                open_in.discard(src)
                 try:
                     dst.shutdown(socket.SHUT_WR)
                 except OSError:

@@ -50,7 +50,7 @@ import tarfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 PROTOCOL = 1
 _LEN = struct.Struct(">I")
@@ -194,7 +194,7 @@ class Drainer:
                     continue  # a wake-up byte, or output nobody waits for
                 with self.lock:
                     self.sel.unregister(key.fileobj)
-                key.fileobj.close()  # type: ignore[union-attr]
+                key.fileobj.close()  # type: ignore[union-attr]  # selectors type fileobj as int | HasFileno; we registered pipe files
 
 
 DRAINER = Drainer()
@@ -327,7 +327,7 @@ def run_command(
 
 
 def _supervise(
-    proc: "subprocess.Popen[bytes]",
+    proc: subprocess.Popen[bytes],
     stdin: Optional[bytes],
     timeout: float,
     limit: int,
@@ -350,7 +350,7 @@ def _supervise(
         sel.register(proc.stdin, selectors.EVENT_WRITE, ("in", None))
     pidfd = -1
     try:  # pidfd: exit is an event like any other, no polling
-        pidfd = os.pidfd_open(proc.pid)  # type: ignore[attr-defined]
+        pidfd = os.pidfd_open(proc.pid)
         sel.register(pidfd, selectors.EVENT_READ, ("exit", None))
     except (AttributeError, OSError):
         pidfd = -1
@@ -388,7 +388,7 @@ def _supervise(
                         continue
                     if not chunk:
                         sel.unregister(key.fileobj)
-                        live.discard(key.fileobj)  # type: ignore[arg-type]
+                        live.discard(key.fileobj)
                         open_pipes -= 1
                         continue
                     kept = buf.write(chunk)
@@ -403,7 +403,7 @@ def _supervise(
                         sent = len(view)
                     if sent >= len(view):
                         sel.unregister(key.fileobj)
-                        key.fileobj.close()  # type: ignore[union-attr]
+                        key.fileobj.close()  # type: ignore[union-attr]  # selectors type fileobj as int | HasFileno; we registered pipe files
                 elif tag == "exit":
                     sel.unregister(key.fileobj)
                     exited_at = time.monotonic()
@@ -486,7 +486,7 @@ def _inside(root: str, path: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def _safe_members(tar: tarfile.TarFile, dest: str):  # type: ignore[no-untyped-def]
+def _safe_members(tar: tarfile.TarFile, dest: str) -> Iterator[tarfile.TarInfo]:
     """tarfile's "data" filter for Pythons that lack it (Debian bookworm's 3.11.2): no
     absolute or escaping names or links, no device files, no set-id bits, no ownership.
     A generator, so each member is checked against the tree as extracted so far."""
@@ -522,7 +522,7 @@ def put_archive(dest: str, data: bytes) -> None:
         os.makedirs(dest, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
             if hasattr(tarfile, "data_filter"):
-                tar.extractall(dest, filter="data")  # type: ignore[call-arg]
+                tar.extractall(dest, filter="data")
             else:
                 tar.extractall(dest, members=_safe_members(tar, dest))
     except OSError as exc:
@@ -565,7 +565,7 @@ def _exec_args(h: Dict[str, Any], blobs: List[bytes]) -> Dict[str, Any]:
 def _parallelism() -> int:
     """CPUs this sandbox may use: the affinity mask, bounded by a cgroup CPU quota."""
     try:
-        n = max(1, len(os.sched_getaffinity(0)))  # type: ignore[attr-defined]
+        n = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
         n = os.cpu_count() or 1
     quota = None
@@ -663,13 +663,14 @@ def handle(conn: socket.socket, h: Dict[str, Any], blobs: List[bytes], started: 
             },
         )
     elif op == "exec":
-        on_output = None
+        on_output: Optional[Callable[[str, bytes], None]] = None
         if h.get("stream"):
 
-            def on_output(stream: str, data: bytes) -> None:
+            def stream_output(stream: str, data: bytes) -> None:
                 send_frame(conn, {"event": "output", "stream": stream}, [data])
 
-        res, so, se = run_command(h.get("argv"), cancel_fd=conn.fileno(), on_output=on_output, **_exec_args(h, blobs))  # type: ignore[arg-type]
+            on_output = stream_output
+        res, so, se = run_command(h.get("argv") or [], cancel_fd=conn.fileno(), on_output=on_output, **_exec_args(h, blobs))
         send_frame(conn, {"ok": True, "result": res}, [so, se])
     elif op == "batch_exec":
         handle_batch(conn, h, blobs)
@@ -766,8 +767,10 @@ def _start_egress_relay(port: int, uds_path: str) -> None:
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "egress_relay.py")
     spec = importlib.util.spec_from_file_location("sandgym_egress_relay", path)
-    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
     mod.start(port, uds_path)
 
 

@@ -25,11 +25,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import anyio
+
 from ..base import Command, Sandbox, as_bytes, shell_argv
-from ..errors import SandboxCreateError, SandboxError, SandboxFileNotFound, SandboxGoneError
+from ..errors import SandboxCreateError, SandboxError, SandboxFileNotFound, SandboxGoneError, SpecError
 from ..output import CappedBuffer
 from ..result import ExecResult, SandboxInfo
-from ..errors import SpecError
 from ..spec import EgressPolicy, SandboxSpec
 
 TIMEOUT_EXIT = 124
@@ -91,7 +92,7 @@ class _Endpoint:
 class PrimeSandbox(Sandbox):
     provider = "prime"
 
-    def __init__(self, owner: "PrimeProvider", endpoint: _Endpoint, sandbox_id: str, spec: SandboxSpec) -> None:
+    def __init__(self, owner: PrimeProvider, endpoint: _Endpoint, sandbox_id: str, spec: SandboxSpec) -> None:
         self.id = sandbox_id
         self.spec = spec
         self.endpoint = endpoint
@@ -196,7 +197,7 @@ class PrimeSandbox(Sandbox):
                     if c is not None:
                         code = c
                         # `sandgym serve` says in the end event when it cut the output.
-                        truncated = "output truncated" in event.event.end.status
+                        truncated = "output truncated" in event.event.end.status  # type: ignore[attr-defined]  # prime-sandboxes types the stream as protobuf's base Message
             except ConnectError as e:
                 if e.code == Code.UNAUTHENTICATED and not reauthed:
                     reauthed = True
@@ -231,8 +232,7 @@ class PrimeSandbox(Sandbox):
                 if "HTTP 404" in str(exc):
                     raise SandboxFileNotFound(target) from exc
                 raise self._translate(exc) from exc
-            with open(local, "rb") as f:
-                return f.read()
+            return await anyio.Path(local).read_bytes()
 
     async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
         dest = self.resolve(dest_dir)

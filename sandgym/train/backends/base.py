@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Union, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -41,7 +41,7 @@ class GenResult:
 
 # What update_weights takes: the trainer's module, or a full (unsharded) state dict, e.g. the
 # one rank 0 gathers from an FSDP2-sharded model.
-Weights = Union[torch.nn.Module, Mapping[str, torch.Tensor]]
+Weights = torch.nn.Module | Mapping[str, torch.Tensor]
 
 
 def state_of(weights: Weights) -> Mapping[str, torch.Tensor]:

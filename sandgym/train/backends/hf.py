@@ -21,12 +21,15 @@ import contextlib
 import copy
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sandgym.train.backends.base import GenRequest, GenResult, Weights, state_of
 from sandgym.train.backends.openai_server import OpenAIServer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class HFEngine:
@@ -34,7 +37,7 @@ class HFEngine:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         tokenizer: Any,
         device: torch.device | str | None = None,
         autocast_dtype: torch.dtype | None = None,
@@ -146,7 +149,7 @@ class HFEngine:
             done = torch.zeros(b, dtype=torch.bool, device=dev)
             ended_by_stop = torch.zeros(b, dtype=torch.bool, device=dev)
             n_out = torch.zeros(b, dtype=torch.long, device=dev)
-            for step in range(int(max_new.max())):
+            for _ in range(int(max_new.max())):
                 logp = torch.log_softmax(logits, dim=-1)
                 scaled = logits / torch.where(temps > 0, temps, torch.ones_like(temps))
                 probs = torch.softmax(scaled, dim=-1)
@@ -196,7 +199,7 @@ class HFBackend:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         tokenizer: Any,
         model_name: str = "sandgym-policy",
         share_weights: bool = True,
@@ -206,6 +209,7 @@ class HFBackend:
         autocast_dtype: torch.dtype | None = None,
     ) -> None:
         self.model_name = model_name
+        self.checkpoint: str | None = None  # the checkpoint it serves, if any (serve_checkpoint)
         self.share_weights = share_weights
         served = model if share_weights else copy.deepcopy(model)
         if not share_weights:
@@ -256,7 +260,7 @@ class HFBackend:
     def close(self) -> None:
         self.server.close()
 
-    def __enter__(self) -> "HFBackend":
+    def __enter__(self) -> HFBackend:
         self.start()
         return self
 

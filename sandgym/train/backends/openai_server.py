@@ -28,7 +28,8 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sandgym.train.backends.base import GenRequest, GenResult, InferenceEngine
 
@@ -76,7 +77,7 @@ class RequestBatcher:
             except BaseException as exc:  # report to every waiter; keep serving
                 log.exception("generation failed")
                 results = [exc] * len(batch)
-            for (_, cb), res in zip(batch, results):
+            for (_, cb), res in zip(batch, results, strict=True):
                 cb(res)
             if stop:
                 return
@@ -214,7 +215,7 @@ def build_app(engine: InferenceEngine, model_name: str, batcher: RequestBatcher)
                     {
                         "content": [
                             {"token": token_str(t, as_ids), "logprob": lp, "bytes": None, "top_logprobs": []}
-                            for t, lp in zip(r.completion_ids, r.logprobs)
+                            for t, lp in zip(r.completion_ids, r.logprobs, strict=True)
                         ]
                     }
                     if want_lp
@@ -283,7 +284,7 @@ def build_app(engine: InferenceEngine, model_name: str, batcher: RequestBatcher)
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         want_lp = body.get("logprobs") is not None
         choices = []
-        for i, (rq, r) in enumerate(zip(reqs, results)):
+        for i, (rq, r) in enumerate(zip(reqs, results, strict=True)):
             choices.append(
                 {
                     "index": i,

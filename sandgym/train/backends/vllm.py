@@ -27,12 +27,15 @@ import os
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sandgym.train.backends.base import GenRequest, GenResult, Weights
 from sandgym.train.backends.openai_server import OpenAIServer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +186,7 @@ class VLLMEngine:
         with self.lock:
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p) + list(c)) for p, c in pairs], sp, use_tqdm=False)
         res = []
-        for (p, c), o in zip(pairs, outs):
+        for (p, c), o in zip(pairs, outs, strict=True):
             full = list(p) + list(c)
             pl = o.prompt_logprobs
             res.append([float(pl[j][full[j]].logprob) for j in range(len(p), len(full))])
@@ -232,7 +235,7 @@ class VLLMBackend:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     @classmethod
-    def from_config(cls, cfg: Any, model: torch.nn.Module, tokenizer: Any) -> "VLLMBackend":
+    def from_config(cls, cfg: Any, model: PreTrainedModel, tokenizer: Any) -> VLLMBackend:
         require_vllm()  # before writing anything: say plainly what is missing
         path = cfg.model.name_or_path
         b = cls(
@@ -374,7 +377,7 @@ class VLLMBackend:
             self._tmp.cleanup()
             self._tmp = None
 
-    def __enter__(self) -> "VLLMBackend":
+    def __enter__(self) -> VLLMBackend:
         self.start()
         return self
 

@@ -17,8 +17,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import docker
+from docker.types import CancellableStream
 
 from ...spec import LABEL_OWNER
 
@@ -50,7 +52,7 @@ class ExitWatcher:
         self._oom: set[str] = set()
         self._ours: set[str] = set()  # being removed by this provider
         self._deadlines: dict[str, float] = {}  # id -> wall-clock end of its ttl_s
-        self._stream = None
+        self._stream: CancellableStream[dict[str, Any]] | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -70,7 +72,7 @@ class ExitWatcher:
     def _follow(self) -> None:
         stream = self._stream
         try:
-            for ev in stream:  # type: ignore[union-attr]
+            for ev in stream or ():  # start() sets it before it starts this thread
                 try:
                     self._on(ev)
                 except Exception as exc:  # one odd event must not end the watch
@@ -82,7 +84,7 @@ class ExitWatcher:
             with self._lock:
                 self._thread = None if not self._closed else self._thread
 
-    def _on(self, ev: dict) -> None:  # type: ignore[type-arg]
+    def _on(self, ev: dict) -> None:
         cid = ev.get("id") or (ev.get("Actor") or {}).get("ID")
         action = ev.get("Action") or ev.get("status")
         if not cid:

@@ -241,7 +241,7 @@ class DockerExecdTransport(ExecdTransport):
                 argv=j.argv, timeout=j.timeout, stdin=j.stdin, cwd=j.cwd,
                 env={**(j.env or {}), EXEC_ID_ENV: t}, output_limit=j.output_limit,
             )
-            for j, t in zip(jobs, tokens)
+            for j, t in zip(jobs, tokens, strict=True)
         ]
         try:
             for attempt in range(_RETRIES):
@@ -257,7 +257,7 @@ class DockerExecdTransport(ExecdTransport):
         except BaseException:
             await self._sweep(tokens)
             raise
-        late = [t for t, r in zip(tokens, results) if r.timed_out]
+        late = [t for t, r in zip(tokens, results, strict=True) if r.timed_out]
         if late:
             await self._sweep(late)
         return results

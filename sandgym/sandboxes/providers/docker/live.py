@@ -71,7 +71,7 @@ class DockerLiveProcess(LiveProcess):
     async def _helper(self, script: str) -> str:
         def run() -> str:
             eid = self.api.exec_create(self.cid, ["/bin/sh", "-c", script], stdout=True, stderr=True)["Id"]
-            return self.api.exec_start(eid).decode(errors="replace")  # type: ignore[no-any-return]
+            return self.api.exec_start(eid).decode(errors="replace")
 
         return await to_thread.run_sync(run)
 

@@ -46,6 +46,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -64,10 +65,10 @@ from ...live import LiveProcess
 from ...ownership import Lifeline, lifeline_grace_s, stamp_owner
 from ...result import EgressLogEntry, ExecResult, SandboxInfo
 from ...spec import LABEL_OWNER, EgressPolicy, SandboxSpec
-from .exec import KILLED_EXIT, DockerExecTransport
-from .execd import DockerExecdTransport, SocketDirs, execd_volumes
 from .disk import RESERVE_MB, LoopDisks
 from .events import ExitWatcher
+from .exec import KILLED_EXIT, DockerExecTransport
+from .execd import DockerExecdTransport, SocketDirs, execd_volumes
 from .live import DockerLiveProcess
 from .pull import Puller, PullProgress
 from .runtime import (
@@ -144,7 +145,7 @@ class _Box:
     """Host-side resources of one container, released by `remove`."""
 
     name: str
-    plan: Plan
+    plan: Plan | None  # None: a container found only to be removed (not made by this object)
     sock_dir: Path | None = None  # execd's socket and/or the owner's lifeline FIFO
     execd: bool = False  # the main process is execd (its socket in sock_dir)
     lifeline: Lifeline | None = None  # our end of the owner's lifeline, held until removal
@@ -295,7 +296,7 @@ class DockerSandbox(Sandbox):
         workdir, /tmp and /dev/shm. False when it could not (then destroy, do not reuse)."""
         if self._closed or not isinstance(self.transport, DockerExecdTransport):
             return False
-        if self.box is not None and self.box.plan.writable_root:
+        if self.box is not None and self.box.plan is not None and self.box.plan.writable_root:
             return False  # a writable root cannot be made like new: never hand it to another user
         try:
             res = await self.transport.reset(self.spec.workdir)
@@ -579,6 +580,7 @@ class DockerProvider:
         image = self.resolve_image(spec.image)
         loop_why = self._loop_unavailable()
         vm = spec.profile == "vm"
+        runtime: str | None
         if vm:
             default_user = "0:0"
             if self.runtime != "runc" and rt.gvisor:
@@ -708,7 +710,7 @@ class DockerProvider:
             if self.ca_bundle:
                 binds[str(self.ca_bundle)] = {"bind": CA_IN_SANDBOX, "mode": "ro"}
                 env.update(ca_env())
-        if execd:
+        if execd and socket_dir is not None:
             binds.update(execd_volumes(socket_dir))  # socket dir rw, execd's code ro
             # execd ends itself after ttl_s (or once its owner is gone), then the container
             # removes itself.
@@ -1066,7 +1068,7 @@ class DockerProvider:
             proxy, fwd = self._egress()
             box.egress_src = proxy.lease(name, spec.egress)
             assert proxy.port is not None
-            fwd.listen(box.sock_dir / EGRESS_SOCKET_NAME, box.egress_src, proxy.port)
+            fwd.listen(box.sock_dir / EGRESS_SOCKET_NAME, box.egress_src)
         self._boxes[cid] = box
         return cid, box
 
@@ -1117,7 +1119,7 @@ class DockerProvider:
                 found = self.api.inspect_container(sandbox_id)
                 lab = found["Config"]["Labels"] or {}
                 name = str(found.get("Name", "")).lstrip("/")
-                box = _Box(name=name, plan=None)  # type: ignore[arg-type]
+                box = _Box(name=name, plan=None)
                 box.sock_dir = Path(lab[LABEL_SOCKET_DIR]) if LABEL_SOCKET_DIR in lab else None
                 box.disk = self.disks.path(name).exists() if name else False
             except docker.errors.APIError:
@@ -1163,9 +1165,9 @@ def _age_s(started_at: str) -> float:
     m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?", started_at)
     if not m:
         return 0.0
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    t = datetime.strptime(m[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    t = datetime.strptime(m[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
     return max(0.0, time.time() - t - float(f"0.{m[2] or 0}"))
 
 

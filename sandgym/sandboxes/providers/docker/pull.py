@@ -45,7 +45,7 @@ class _Totals:
     def __init__(self) -> None:
         self.layers: dict[str, tuple[int, int]] = {}
 
-    def feed(self, ev: dict) -> tuple[int, int]:  # type: ignore[type-arg]
+    def feed(self, ev: dict) -> tuple[int, int]:
         lid, status = ev.get("id"), ev.get("status", "")
         detail = ev.get("progressDetail") or {}
         if lid and status == "Downloading" and detail.get("total"):

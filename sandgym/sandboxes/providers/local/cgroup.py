@@ -13,6 +13,7 @@ import errno
 import os
 import signal
 import time
+from collections.abc import Callable, Iterable
 
 CFS_PERIOD_US = 100_000
 
@@ -53,7 +54,7 @@ class CgroupSet:
     @classmethod
     def create(
         cls, parents: dict[str, str], name: str, *, memory_mb: int, pids: int, cpu: float
-    ) -> "CgroupSet":
+    ) -> CgroupSet:
         made: dict[str, str] = {}
         try:
             for parent in dict.fromkeys(parents.values()):
@@ -174,7 +175,7 @@ def _set_limits(path: str, ctrls: list[str], v2: bool, *, memory_mb: int, pids: 
         _write(f"{path}/cpu.cfs_quota_us", str(quota))
 
 
-def kill_until_gone(list_pids, timeout: float) -> bool:  # noqa: ANN001 - callable -> set[int]
+def kill_until_gone(list_pids: Callable[[], Iterable[int]], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while True:
         pids = {p for p in list_pids() if p != os.getpid() and not _is_zombie(p)}

@@ -34,7 +34,8 @@ class Launch:
 
     def preexec(self, cpu_limit_s: int) -> Callable[[], None]:
         # Runs in the forked child before exec: only plain syscalls, no imports, no locks.
-        procs_files, rlimits, uid, gid = self.procs_files, self.rlimits, self.uid, self.gid
+        procs_files, rlimits, uid = self.procs_files, self.rlimits, self.uid
+        gid = self.gid if self.gid is not None else uid  # no gid of its own: the uid's group
 
         def pre() -> None:
             for p in procs_files:
@@ -46,7 +47,7 @@ class Launch:
             for res, soft, hard in rlimits:
                 resource.setrlimit(res, (soft, hard))
             resource.setrlimit(resource.RLIMIT_CPU, (cpu_limit_s, cpu_limit_s + 5))
-            if uid is not None:
+            if uid is not None and gid is not None:
                 os.setgroups([])
                 os.setresgid(gid, gid, gid)
                 os.setresuid(uid, uid, uid)
@@ -80,7 +81,12 @@ async def _exited(proc: asyncio.subprocess.Process) -> None:
     if fd >= 0:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
-        loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+
+        def exited() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        loop.add_reader(fd, exited)
         try:
             await done
         finally:
@@ -140,7 +146,7 @@ async def run_process(
     try:
         try:
             await asyncio.wait_for(_exited(proc), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             timed_out = True
             # The process group holds the command (and, under bwrap, the namespace's init,
             # whose death takes every process in the pid namespace with it).

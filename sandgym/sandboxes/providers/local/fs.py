@@ -26,6 +26,7 @@ import os
 import posixpath
 import stat
 import tarfile
+from typing import IO
 
 from ...errors import SandboxError, SandboxFileNotFound
 
@@ -176,7 +177,7 @@ class SandboxFS:
         finally:
             os.close(fd)
 
-    def _write_at(self, dir_fd: int, name: str, src: io.IOBase, mode: int, *, replace: bool,
+    def _write_at(self, dir_fd: int, name: str, src: IO[bytes], mode: int, *, replace: bool,
                   mtime: float | None = None) -> None:  # fmt: skip
         if replace:  # tar semantics: a symlink or file in the way is replaced, not followed
             with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
@@ -323,7 +324,7 @@ def _data_filter(m: tarfile.TarInfo) -> tarfile.TarInfo | None:
         mode = (mode if mode & 0o100 else mode & ~0o111) | 0o600
     f = copy.copy(m)  # TarInfo.replace() is 3.11.4+ too
     f.name = name
-    f.mode = None if m.isdir() or m.issym() else mode  # type: ignore[assignment]
+    f.mode = None if m.isdir() or m.issym() else mode  # type: ignore[assignment]  # None: extraction sets no mode (tarfile allows it; typeshed says int)
     return f
 
 

@@ -13,11 +13,12 @@ import functools
 import json
 import os
 import select
-import signal
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # System directories the sandbox sees read-only (when they exist on the host).
@@ -74,7 +75,7 @@ def system_binds() -> list[str]:
     return args
 
 
-def _drop_to(uid: int | None):  # noqa: ANN202 - preexec closure
+def _drop_to(uid: int | None) -> Callable[[], None] | None:
     if uid is None:
         return None
 

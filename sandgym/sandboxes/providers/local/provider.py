@@ -21,6 +21,7 @@ directory (and tmpfs, cgroups) stays until a `prune` or a sandgym process's reap
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import logging
@@ -45,9 +46,9 @@ from pydantic import BaseModel, Field
 
 from ...base import Command, Sandbox, as_bytes, shell_argv
 from ...errors import SandboxCreateError, SandboxError, SandboxGoneError, SpecError
+from ...ownership import Lifeline, lifeline_grace_s, process_start_time, stamp_owner
 from ...result import ExecResult, SandboxInfo
 from ...spec import EgressPolicy, SandboxSpec, host_cpus
-from ...ownership import Lifeline, lifeline_grace_s, process_start_time, stamp_owner
 from .cgroup import CgroupSet, kill_until_gone, pids_of_uid, pids_with_env
 from .exec import Launch, run_process
 from .fs import SandboxFS
@@ -192,7 +193,7 @@ class LocalProvider:
 
     # ---- lifecycle -------------------------------------------------------------------
 
-    async def create(self, spec: SandboxSpec, labels: Mapping[str, str]) -> "LocalSandbox":
+    async def create(self, spec: SandboxSpec, labels: Mapping[str, str]) -> LocalSandbox:
         self.check(spec)
         mode = self.mode
         if mode == "plain":
@@ -201,7 +202,7 @@ class LocalProvider:
         all_labels = stamp_owner({**spec.labels, **labels})
         return await anyio.to_thread.run_sync(self._create_sync, spec, all_labels, mode)
 
-    def _create_sync(self, spec: SandboxSpec, labels: dict[str, str], mode: str) -> "LocalSandbox":
+    def _create_sync(self, spec: SandboxSpec, labels: dict[str, str], mode: str) -> LocalSandbox:
         caps = self.capabilities
         self.root.mkdir(parents=True, exist_ok=True)
         if caps.root:
@@ -212,7 +213,7 @@ class LocalProvider:
         d = self.root / sid
         d.mkdir(mode=0o711)
         meta = LocalMeta(
-            id=sid, created_at=time.time(), labels=labels, image=spec.image, mode=mode,  # type: ignore[arg-type]
+            id=sid, created_at=time.time(), labels=labels, image=spec.image, mode=mode,
             spec=spec.model_dump(mode="json"),
         )  # fmt: skip
         try:
@@ -291,8 +292,8 @@ class LocalProvider:
     async def list(self, labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
         return await anyio.to_thread.run_sync(self._list_sync, dict(labels or {}))
 
-    def _list_sync(self, want: dict[str, str]) -> list[SandboxInfo]:
-        out: list[SandboxInfo] = []
+    def _list_sync(self, want: dict[str, str]) -> builtins.list[SandboxInfo]:  # `list`: the method above
+        out: builtins.list[SandboxInfo] = []
         if not self.root.is_dir():
             return out
         for d in sorted(self.root.iterdir()):
@@ -454,7 +455,7 @@ class LocalSandbox(Sandbox):
         for view, host in sorted(self.mounts, key=lambda m: m[0].count("/")):
             p += ["--bind", host, view]
         p += ["--dir", "/var", "--symlink", "../tmp", "/var/tmp", "--remount-ro", "/"]
-        if nproc_inside:
+        if nproc_inside and caps.prlimit is not None:
             self._nproc_wrap = [caps.prlimit, f"--nproc={spec.pids}:{spec.pids}", "--"]
         if spec.user in ("root", "0") and caps.setpriv:
             # Entering the user namespace (persistent mode) grants its root every capability

@@ -94,13 +94,13 @@ def _ray_messages_to_stderr(ray: ModuleType) -> None:
     diagnostics, and stdout is the command's (`sandgym eval --json` ends with its summary)."""
     worker = getattr(getattr(ray, "_private", None), "worker", None)
     original = getattr(worker, "print_to_stdstream", None)
-    if original is None or getattr(original, "_sandgym", False):
+    if worker is None or original is None or getattr(original, "_sandgym", False):
         return
 
     def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> None:
         original({**data, "is_err": True}, ignore_prefix)
 
-    to_stderr._sandgym = True  # type: ignore[attr-defined]
+    to_stderr._sandgym = True  # type: ignore[attr-defined]  # a mark on the function object: installed once
     worker.print_to_stdstream = to_stderr
 
 
@@ -252,7 +252,7 @@ class LocalCluster:
             self._cluster = None
             self._nodes.clear()
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         self.start()
         return self
 

@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import math
 import os
@@ -38,7 +39,6 @@ import anyio
 from ...errors import SandboxCreateError, SandboxError, SandboxLostError, SpecError
 from ...result import SandboxInfo
 from ...spec import SandboxSpec
-
 from .cluster import NAMESPACE, NODE_RESOURCE_PREFIX, connect, node_name_of
 from .ratelimit import Backoff, TokenBucket
 
@@ -295,8 +295,8 @@ class Fleet:
             if node.state != "lost" and alive.get(name) != node.ray_node_id:
                 self._lose(node, "Ray reports the node dead")
         for name, ray_id in alive.items():
-            node = self.nodes.get(name)
-            if node is None or node.state == "lost":
+            known = self.nodes.get(name)
+            if known is None or known.state == "lost":
                 # New, or back (a new Ray node with the same name, or the same one whose
                 # agent died under a call): start (or find) its agent.
                 node = self.nodes[name] = FleetNode(name, ray_id, backoff=Backoff(self.backoff_s, self.max_backoff_s))
@@ -551,7 +551,7 @@ class Fleet:
 
     # ---- status ----------------------------------------------------------------------
 
-    def status(self) -> list[dict[str, Any]]:
+    def status(self) -> builtins.list[dict[str, Any]]:  # `list`: the method above
         return [
             {
                 "node": n.name,

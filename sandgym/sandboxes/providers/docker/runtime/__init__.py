@@ -93,7 +93,8 @@ def _runsc_version(binary: str) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     m = re.search(r"runsc version (\S+)", out)
-    return m[1] if m else (out.strip().splitlines() or [None])[0]
+    lines = out.strip().splitlines()
+    return m[1] if m else (lines[0] if lines else None)
 
 
 def status(engine_info: Mapping[str, Any] | None) -> RuntimeStatus:
