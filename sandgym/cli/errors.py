@@ -76,9 +76,9 @@ def user_error_message(exc: BaseException) -> str | None:
 
     from pydantic import ValidationError
 
-    # A task group (anyio) wraps what one of its tasks raised.
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
+    from sandgym.core.failures import root_error
+
+    exc = root_error(exc)  # a task group (anyio) wraps what one of its tasks raised
     if isinstance(exc, _usage_error_types()):
         message = exc.format_message()  # type: ignore[attr-defined]
         ctx = getattr(exc, "ctx", None)

@@ -111,11 +111,11 @@ def _render_validation(vals: list[Any]) -> None:
 
 
 def _run_dir(kind: str, output: Path | None, resume: Path | None, step: str) -> Path:
+    """The run folder; whether it may be used (a fresh run, or a resume of the same run) is
+    sandgym.run_folder's rule, checked when the store starts."""
     if resume is not None:
         if output is not None and output != resume:
             raise typer.BadParameter("--resume DIR continues the run in DIR; do not also give a different --output")
-        if not (resume / "run.json").exists():
-            raise typer.BadParameter(f"nothing to resume in {resume} (no run.json)")
         return resume
     return output or Path("runs") / f"swe-{kind}-{step}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -171,7 +171,7 @@ def register(app: typer.Typer) -> None:
         import anyio
 
         from sandgym.cli.errors import check_provider
-        from sandgym.errors import UnknownNameError, UserError
+        from sandgym.errors import UnknownNameError
         from sandgym.swe.debug import IMAGE_SOURCES, summary
         from sandgym.swe.store import RunStore
 
@@ -185,11 +185,8 @@ def register(app: typer.Typer) -> None:
         task_list = _load(tasks, instance, split)
         run_dir = _run_dir("debug", output, resume, step)
         store = RunStore(run_dir)
-        try:
-            store.start({"kind": "debug", "step": step, "tasks": tasks, "instances": len(task_list),
-                         "image_source": image_source, "registry": registry, "argv": sys.argv[1:]}, resume=resume is not None)
-        except (FileExistsError, ValueError) as exc:
-            raise UserError(str(exc)) from exc
+        store.start({"kind": "debug", "step": step, "tasks": tasks, "instances": len(task_list),
+                     "image_source": image_source, "registry": registry, "argv": sys.argv[1:]}, resume=resume is not None)
         done = store.finished(t.instance_id for t in task_list)
         if retry_infra:
             done = {k: v for k, v in done.items() if v.get("status") != "infra"}
@@ -198,8 +195,11 @@ def register(app: typer.Typer) -> None:
             console.print(Text(f"resuming {run_dir}: {len(done)} finished, {len(todo)} to run"))
         script_text = script.read_text() if script is not None else None
         t0 = time.perf_counter()
-        anyio.run(_run_debug, todo, len(task_list), len(done), step, concurrency, provider, command, script_text,
-                  mirrors, recipes, image_source, store, allow, prebuilt)
+        try:
+            anyio.run(_run_debug, todo, len(task_list), len(done), step, concurrency, provider, command, script_text,
+                      mirrors, recipes, image_source, store, allow, prebuilt)
+        finally:
+            store.close()
         rows = [store.load(t.instance_id) or {"instance_id": t.instance_id, "status": "infra", "error": "no result on disk"}
                 for t in task_list]
         summ = summary(rows, step, time.perf_counter() - t0)
@@ -247,23 +247,22 @@ def register(app: typer.Typer) -> None:
         that change outcome between runs are flagged flaky. Seconds per instance, a table."""
         import anyio
 
-        from sandgym.errors import UserError
         from sandgym.swe.store import RunStore
         from sandgym.swe.validate import validation_summary
 
         task_list = _load(tasks, instance, split)
         run_dir = _run_dir("validate", output, resume, "gold+none")
         store = RunStore(run_dir)
-        try:
-            store.start({"kind": "validate", "step": "gold+none", "runs": runs, "tasks": tasks, "argv": sys.argv[1:]},
-                        resume=resume is not None)
-        except (FileExistsError, ValueError) as exc:
-            raise UserError(str(exc)) from exc
+        store.start({"kind": "validate", "step": "gold+none", "runs": runs, "tasks": tasks, "argv": sys.argv[1:]},
+                    resume=resume is not None)
         t0 = time.perf_counter()
-        vals = anyio.run(_run_validate, task_list, runs, concurrency, provider, mirrors, recipes, store)
+        try:
+            vals = anyio.run(_run_validate, task_list, runs, concurrency, provider, mirrors, recipes, store)
+        finally:
+            store.close()
         summ = validation_summary(vals, runs, time.perf_counter() - t0)
         summ["output_dir"] = str(run_dir)
-        (run_dir / "validation.json").write_text(json.dumps(summ, indent=2) + "\n")
+        store.write_summary(summ)
         _render_validation(vals)
         for v in vals:
             if v.verdict != "valid":

@@ -46,7 +46,8 @@ from typing import Any
 import anyio
 from pydantic import BaseModel, Field
 
-from sandgym.core.environment import Environment, error_text
+from sandgym.core.environment import Environment
+from sandgym.core.failures import error_text
 from sandgym.core.rubric import Rubric
 from sandgym.core.state import State
 from sandgym.sandboxes.errors import ImagePullError, SandboxError, SpecError
