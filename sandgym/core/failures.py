@@ -28,7 +28,7 @@ class ScoringTimeout(TimeoutError):
     """A scoring step (tests, a checker, a judge) ran past its time limit without the policy's
     code having used its own limits (e.g. a CPU-time limit): the machine was too slow or
     too loaded to decide. The rollout's verdict is unknown: an infrastructure failure of
-    kind "scoring", never a 0 for the policy."""
+    kind "timeout", never a 0 for the policy."""
 
 
 def leaves(exc: BaseException) -> list[BaseException]:
@@ -84,15 +84,13 @@ def _chain(exc: BaseException) -> list[BaseException]:
 def classify(exc: BaseException, *, default: ErrorKind = "environment") -> ErrorKind:
     """The kind of a rollout failure, from the exception (an exception group's leaves) and
     their causes: a sandbox error anywhere wins (a reward function that failed because its
-    sandbox was lost is a sandbox failure), then a model error, then a scoring step's
-    timeout, then any other timeout."""
+    sandbox was lost is a sandbox failure), then a model error, then a timeout (the
+    rollout's own limit, or a scoring step's: ScoringTimeout)."""
     chain = [e for leaf in leaves(exc) for e in _chain(leaf)]
     if any(isinstance(e, SandboxError) for e in chain):
         return "sandbox"
     if any(isinstance(e, ModelError) for e in chain):
         return "model"
-    if any(isinstance(e, ScoringTimeout) for e in chain):
-        return "scoring"
     if any(isinstance(e, TimeoutError) for e in chain):
         return "timeout"
     return default

@@ -13,7 +13,8 @@ Fan-in: `concurrency` rollouts are in flight in all, at most `per_node` on one n
 `max_concurrency` is explicit and checked against it, so nothing is queued silently.
 
 Node failure: a rollout whose node is lost (or whose sandbox failed) comes back as
-`SandboxLostError` / error_kind "sandbox". It is retried on another node, at most
+`SandboxLostError` / error_kind "sandbox"; one that ran past a time limit (a scoring step
+on a loaded node, say) as error_kind "timeout". It is retried on another node, at most
 `node_retries` times; the record that is kept (the successful retry, or the last failure
 once the bound is spent) lists the failed attempts in `info["fleet"]["attempts"]`, and the
 summary counts them (`fleet.retried_rollouts`, `fleet.retries`). A failure that is kept
@@ -44,7 +45,9 @@ from .jobs import ClientSpec, EnvSpec
 
 log = logging.getLogger(__name__)
 
-RETRY_KINDS = frozenset({"sandbox"})  # failures that are the machine's, worth another node
+# Failures that are the machine's, worth another node: its sandbox died, or a time limit
+# passed (a scoring step on a loaded node, say: core.failures.ScoringTimeout).
+RETRY_KINDS = frozenset({"sandbox", "timeout"})
 # Calls an agent must serve besides rollouts (heartbeats, prepare, a fleet's sandboxes).
 AGENT_RESERVE = 64
 
