@@ -57,6 +57,8 @@ def _render(rows: list[dict[str, Any]], step: str, verbose: bool) -> None:
     """Tables of results (dicts from result.json): every data cell is a Text, never markup."""
     from rich.table import Table
 
+    from sandgym.swe.debug import fuzzy_notes
+
     table = Table(title=f"sandgym swe debug --step {step}", show_lines=False)
     for col in ("instance", "status", "FAIL_TO_PASS", "PASS_TO_PASS", "image", "time", "failing tests / error"):
         table.add_column(col, overflow="fold", no_wrap=col == "instance")
@@ -69,6 +71,8 @@ def _render(rows: list[dict[str, Any]], step: str, verbose: bool) -> None:
         note = ", ".join(r.get("failing_tests") or [])
         if r.get("error"):
             note = (note + "\n" if note else "") + (r.get("infra_reason") and f"[{r['infra_reason']}] " or "") + r["error"].splitlines()[0][:200]
+        for fuzzy in fuzzy_notes(r):
+            note = (note + "\n" if note else "") + "[fuzzy] " + fuzzy[:300]
         status = r.get("status", "?")
         table.add_row(Text(r["instance_id"]), Text(status, style=STATUS_STYLE.get(status, "white")),
                       _ratio(r.get("fail_to_pass") or {}), _ratio(r.get("pass_to_pass") or {}), Text(img),
@@ -210,10 +214,13 @@ def register(app: typer.Typer) -> None:
         if step == "gold_patch" and broken:
             console.print(Text(f"{len(broken)} instance(s) whose gold patch does not resolve them:", style="yellow"))
             for b in broken:
-                why = ", ".join(b["failing_tests"]) or (b["error"] or "").splitlines()[0][:200]
-                console.print(Text(f"  {b['instance_id']} ({b['status']}): {why}"), soft_wrap=True)
+                why = "; ".join(x for x in ((b["error"] or "").splitlines()[:1] + [", ".join(b["failing_tests"])] + b["fuzzy"]) if x)
+                console.print(Text(f"  {b['instance_id']} ({b['status']}): {why[:600]}"), soft_wrap=True)
         for f in summ["infra_failures"]:
             console.print(Text(f"  infra {f['instance_id']} [{f['reason']}]: {(f['error'] or '').splitlines()[0][:200]}", style="magenta"), soft_wrap=True)
+        for f in summ["fuzzy_applies"]:
+            for note in f["notes"]:
+                console.print(Text(f"  fuzzy {f['instance_id']}: {note[:400]}", style="yellow"), soft_wrap=True)
         for r in rows:
             if r.get("image_fallback"):
                 console.print(Text(f"  {r['instance_id']}: built here, the prebuilt image was unavailable: "

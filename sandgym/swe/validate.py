@@ -40,6 +40,7 @@ class InstanceValidation(BaseModel):
     f2p_passing_without_fix: list[str] = Field(default_factory=list)
     p2p_failing_without_fix: list[str] = Field(default_factory=list)
     gold_failing: list[str] = Field(default_factory=list)  # listed tests the gold patch did not pass
+    gold_errors: list[str] = Field(default_factory=list)  # why gold runs could not be graded (the patch does not apply, ...)
     flaky_listed: list[str] = Field(default_factory=list)  # FAIL_TO_PASS / PASS_TO_PASS ids whose outcome changed
     flaky_other: int = 0  # other reported tests whose outcome changed
     cold_s: float | None = None  # the run that built the image
@@ -68,6 +69,7 @@ def judge(task: SWETask, results: dict[str, list[dict[str, Any]]]) -> InstanceVa
     v.f2p_passing_without_fix = sorted({t for r in graded_empty for t, o in r.get("fail_to_pass", {}).items() if o in PASSING})
     v.p2p_failing_without_fix = sorted({t for r in graded_empty for t, o in r.get("pass_to_pass", {}).items() if o not in PASSING})
     v.gold_failing = sorted({t for r in gold if r.get("status") in ("resolved", "unresolved") for t in r.get("failing_tests", [])})
+    v.gold_errors = sorted({str(r["error"]).splitlines()[0][:400] for r in gold if r.get("status") == "error" and r.get("error")})
     listed = set(task.FAIL_TO_PASS) | set(task.PASS_TO_PASS)
     flaky: set[str] = set()
     for runs in (gold, empty):
@@ -89,8 +91,8 @@ def judge(task: SWETask, results: dict[str, list[dict[str, Any]]]) -> InstanceVa
     if v.errors:
         v.problems.append(f"{v.errors} run(s) could not be graded")
     if v.gold_resolved < len(gold):
-        v.problems.append(f"gold resolved {v.gold_resolved}/{len(gold)} runs"
-                          + (f" (failing: {', '.join(v.gold_failing[:5])})" if v.gold_failing else ""))
+        why = v.gold_errors[:2] + ([f"failing: {', '.join(v.gold_failing[:5])}"] if v.gold_failing else [])
+        v.problems.append(f"gold resolved {v.gold_resolved}/{len(gold)} runs" + (f" ({'; '.join(why)})" if why else ""))
     if v.empty_resolved:
         v.problems.append(f"the empty patch resolved {v.empty_resolved}/{len(empty)} runs")
     if v.f2p_passing_without_fix:
