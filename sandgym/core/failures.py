@@ -14,6 +14,8 @@ TaskGroup".
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from typing import Literal, get_args
 
 from sandgym.sandboxes.errors import SandboxError
@@ -43,9 +45,11 @@ def leaves(exc: BaseException) -> list[BaseException]:
 
 
 def _is_cancellation(exc: BaseException) -> bool:
-    import anyio
-
-    return isinstance(exc, anyio.get_cancelled_exc_class())
+    # Asked outside any event loop too (the CLI names an error after anyio.run returned).
+    if isinstance(exc, asyncio.CancelledError):
+        return True
+    trio = sys.modules.get("trio")
+    return trio is not None and isinstance(exc, trio.Cancelled)
 
 
 def root_error(exc: BaseException) -> BaseException:
