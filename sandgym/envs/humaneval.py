@@ -149,6 +149,9 @@ def fenced(code: str) -> str:
 
 class HumanEvalEnv(SingleTurnEnv):
     batch_max = 8
+    reuse_sandboxes: bool = True
+    batch_scoring: bool = False
+    batcher: Any = None  # an ExecBatcher while a session with batch scoring is open
 
     async def oracle_response(self, messages: list[Message], state: State) -> Message:
         return {"role": "assistant", "content": "Here is the completed function:\n\n" + fenced(str(state.answer))}

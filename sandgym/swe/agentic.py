@@ -239,13 +239,15 @@ class SWEAgentEnv(SandboxEnv):
                 continue
             text = (await sandbox.read_file(f"{TESTBED}/{fp.old_path}")).decode("utf-8")
             final = apply_hunks(text, fp)
-            edits, cur = [], text
+            edits: list[dict[str, Any]] | None = []
+            cur = text
             for h in fp.hunks:
                 old, new = "".join(h.old), "".join(h.new)
                 if not old or cur.count(old) != 1:
                     edits = None
                     break
                 cur = cur.replace(old, new, 1)
+                assert edits is not None
                 edits.append({"command": "str_replace", "path": fp.new_path, "old_str": old, "new_str": new})
             if edits is not None and cur == final:
                 for e in edits:

@@ -109,6 +109,11 @@ def run_key(task: SWETask, step: str, k: int) -> str:
     return f"{task.instance_id}/{step}-{k}"
 
 
+def _fixed_key(key: str) -> Callable[[SWETask], str]:
+    """A debug runner's key function that stores its one run under `key`."""
+    return lambda _task: key
+
+
 class Validator:
     def __init__(self, manager: Any, *, builder: Any, store: RunStore, runs: int = 1,
                  progress: Callable[[str, str], None] | None = None, steps: Sequence[str] = STEPS, **runner_kw: Any) -> None:
@@ -133,7 +138,7 @@ class Validator:
                         done = self.store.load(key)
                         if done is None:
                             runner = SWEDebugRunner(self.manager, step=step, builder=self.builder, store=self.store,
-                                                    progress=self.progress, key=lambda _t, key=key: key, **self.runner_kw)
+                                                    progress=self.progress, key=_fixed_key(key), **self.runner_kw)
                             res: InstanceResult = await runner.run_one(task)
                             done = res.record()
                         results[step].append(done)
