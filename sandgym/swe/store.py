@@ -10,10 +10,11 @@ same-run rule and resume of every sandgym run) plus a directory per instance:
     DIR/summary.json                  written at the end (and rebuilt on --resume)
 
 An instance is written the moment it finishes, before anything is rendered: its files first,
-each whole or absent (temporary name, fsync, rename), then `result.json`, then its line in
-results.jsonl. The line is what makes it finished: a killed run leaves every finished
-instance whole on disk, and `--resume` skips exactly those (an instance whose line never
-made it is run again). An instance run again (`--retry-infra`) supersedes its earlier line.
+each whole or absent (temporary name, fsync, rename), then `result.json` the same way, then
+its line in results.jsonl (one write, fsynced within a second: sandgym.run_folder). The line
+is what makes it finished: a killed run leaves every finished instance whole on disk, and
+`--resume` skips exactly those (an instance whose line never made it is run again). An
+instance run again (`--retry-infra`) supersedes its earlier line.
 Validation runs key results as `<instance>/<step>-<k>`.
 """
 
