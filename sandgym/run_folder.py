@@ -26,7 +26,8 @@ cluster instead of one machine) may change.
 
 Resume. Records are keyed (an eval's by example id and rollout index, a SWE run's by the
 instance's key); a resumed run skips the keys already recorded. A fresh run refuses a folder
-that already holds a run (resume it instead), and a resume refuses a folder that holds none.
+that already holds a run's records (resume it instead), and a resume refuses a folder that
+holds no run at all.
 """
 
 from __future__ import annotations
@@ -200,19 +201,23 @@ class RunFolder:
         return None
 
     def holds_run(self) -> bool:
+        """The folder holds a run's records (a meta alone is a run that never recorded one:
+        starting afresh over it loses nothing)."""
         results = self.root / RESULTS
-        return self.previous_meta() is not None or (results.exists() and results.stat().st_size > 0)
+        return results.exists() and results.stat().st_size > 0
 
     def check(self, meta: Mapping[str, Any], *, resume: bool | None = None) -> dict[str, Any] | None:
         """Raise a UserError when `meta`'s run may not start here: `resume=True` and the folder
         holds no run, `resume=False` and it holds one, or it holds another run (the same-run
-        rule). Returns the previous meta, if any."""
+        rule). Returns the meta of the run this one continues, if any."""
         held = self.holds_run()
-        if resume is True and not held:
-            raise UserError(f"nothing to resume in {self.root} (no {META} or {RESULTS})")
-        if resume is False and held:
-            raise UserError(f"{self.root} already holds a run; use --resume {self.root} to continue it, or choose another output folder")
         prev = self.previous_meta()
+        if resume is True and not held and prev is None:
+            raise UserError(f"nothing to resume in {self.root} (no {META} or {RESULTS})")
+        if resume is False:
+            if held:
+                raise UserError(f"{self.root} already holds a run; use --resume {self.root} to continue it, or choose another output folder")
+            return None  # a fresh run (over a meta that never got a record, if any)
         if prev is not None:
             cur = as_json({"kind": self.kind, **meta})
             for field in self.identity:

@@ -60,6 +60,13 @@ def test_the_same_run_rule_and_resume(tmp_path: Path) -> None:
         RunFolder(d, kind="eval", identity=("env", "model")).check({"env": "echo", "model": "null"}, resume=True)
     with pytest.raises(RunMismatchError, match=r"\(kind: 'eval', now 'debug'\)"):
         RunFolder(d, kind="debug", identity=("step",)).check({"step": "none"}, resume=True)
+    # A run killed before its first record left only its meta: a fresh run over it loses nothing.
+    bare = RunFolder(tmp_path / "bare", kind="eval", identity=("env", "model"))
+    bare.open({"env": "echo", "model": "oracle"}, resume=False)
+    bare.close()
+    fresh = RunFolder(tmp_path / "bare", kind="eval", identity=("env", "model"))
+    assert fresh.open({"env": "echo", "model": "null"}, resume=False)["model"] == "null"
+    fresh.close()
     # More examples extend the run: not part of its identity.
     again = RunFolder(d, kind="eval", identity=("env", "model"))
     doc = again.open({"env": "echo", "model": "oracle", "num_examples": 5}, resume=True)
