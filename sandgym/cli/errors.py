@@ -76,9 +76,14 @@ def user_error_message(exc: BaseException) -> str | None:
 
     from pydantic import ValidationError
 
-    from sandgym.core.failures import root_error
+    from sandgym.core.failures import leaves
 
-    exc = root_error(exc)  # a task group (anyio) wraps what one of its tasks raised
+    # A task group (anyio) wraps what one of its tasks raised; a group of several failures
+    # (cancellations aside) is not one user error.
+    found = leaves(exc)
+    if len(found) != 1:
+        return None
+    exc = found[0]
     if isinstance(exc, _usage_error_types()):
         message = exc.format_message()  # type: ignore[attr-defined]
         ctx = getattr(exc, "ctx", None)

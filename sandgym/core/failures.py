@@ -52,12 +52,6 @@ def _is_cancellation(exc: BaseException) -> bool:
     return trio is not None and isinstance(exc, trio.Cancelled)
 
 
-def root_error(exc: BaseException) -> BaseException:
-    """The failure an exception group stands for: its first real leaf (`exc` itself when it
-    is no group)."""
-    return leaves(exc)[0]
-
-
 def error_text(exc: BaseException) -> str:
     """One failure as a message: `Type: message (caused by Type: message)`, for the
     exception an exception group wraps; a group of several names the others' count and first."""
