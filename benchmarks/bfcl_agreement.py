@@ -28,7 +28,7 @@ def load() -> str:
 
 async def run_policy(policy: str, per_category: int | None, out: Path, concurrency: int) -> dict:
     from sandgym import envs
-    from sandgym.bfcl.export import bfcl_evaluate, compare, export_results, is_partial, load_records, sandgym_accuracy
+    from sandgym.bfcl.export import bfcl_evaluate, compare, export_results, is_partial, load_records
     from sandgym.bfcl.imperfect import ImperfectOracle
     from sandgym.core.evaluation import run_eval
     from sandgym.core.policies import get_policy
@@ -54,7 +54,7 @@ async def run_policy(policy: str, per_category: int | None, out: Path, concurren
     ev = await bfcl_evaluate(root, list(counts), partial=is_partial(counts))
     timings["bfcl_evaluate"] = time.perf_counter() - t0
     print(f"{policy}: `{ev.command}` {timings['bfcl_evaluate']:.0f} s", flush=True)
-    return {"rows": compare(sandgym_accuracy(records), ev.scores), "command": ev.command, "timings": timings}
+    return {"rows": compare(records, ev), "command": ev.command, "timings": timings}
 
 
 def main() -> None:

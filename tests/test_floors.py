@@ -12,6 +12,7 @@ ROOT = Path(sandgym.__file__).parent
 # The table in docs/architecture.md, bottom up. A new top-level package must be placed here.
 FLOORS = {
     "errors": 1,
+    "run_folder": 1,
     "sandboxes": 2,
     "platform": 3,
     "core": 4,

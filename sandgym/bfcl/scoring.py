@@ -7,6 +7,7 @@ from typing import Any
 
 from anyio.abc import TaskGroup
 
+from sandgym.core.failures import ScoringTimeout
 from sandgym.core.sandbox_env import checked_exec
 from sandgym.core.sandbox_repl import ReplReply, ReplService
 
@@ -58,6 +59,8 @@ class SingleTurnScorer:
 
     async def score(self, request: dict[str, Any]) -> dict[str, Any]:
         reply = await self.service.run(sandbox_code.scorer_call(request), timeout=SCORE_TIMEOUT_S)
+        if reply.status == "timeout":
+            raise ScoringTimeout(f"BFCL's checker did not finish {request.get('id')} in {SCORE_TIMEOUT_S:g}s")
         if not reply.ok:
             raise ScoringError(f"the BFCL scorer failed on {request.get('id')} ({reply.status}): {reply.stderr[-800:]}")
         out = sandbox_code.parse_marked(reply.stdout)
@@ -97,9 +100,10 @@ async def check_multi_turn(manager: Any, spec: Any, entry: Entry, result: Any, m
             timeout=CHECK_TIMEOUT_S,
             stdin=json.dumps(request),
         )
+    if r.timed_out:
+        raise ScoringTimeout(f"BFCL's multi-turn checker did not finish {entry.id} in {CHECK_TIMEOUT_S:g}s")
     out = sandbox_code.parse_marked(r.stdout) if r.exit_code == 0 else None
     if out is None:
-        what = "timed out" if r.timed_out else f"exit {r.exit_code}"
-        raise ScoringError(f"BFCL multi-turn checker failed on {entry.id} ({what}): {r.stderr[-1500:]}")
+        raise ScoringError(f"BFCL multi-turn checker failed on {entry.id} (exit {r.exit_code}): {r.stderr[-1500:]}")
     _check_version(out.pop("bfcl_version", None))
     return out

@@ -24,15 +24,22 @@ def register(app: typer.Typer) -> None:
         model: Optional[str] = typer.Option(None, help="BFCL model registry name (default: the one sandgym scores with)."),
         rollout: int = typer.Option(0, help="Which rollout of each entry (BFCL has one result per entry)."),
     ) -> None:
-        """Write BFCL result files; then `BFCL_PROJECT_ROOT=OUT bfcl evaluate --model MODEL`."""
+        """Write BFCL result files; then `BFCL_PROJECT_ROOT=OUT bfcl evaluate --model MODEL`.
+        Rollouts that failed (model call, sandbox, scoring) are left out, as sandgym leaves
+        them out of its own scores; BFCL then scores the rest with --partial-eval."""
         from sandgym.bfcl.data import BFCL_MODEL
-        from sandgym.bfcl.export import export_results, load_records
+        from sandgym.bfcl.export import export_results, failed_by_category, is_partial, load_records
 
         m = model or BFCL_MODEL
-        counts = export_results(load_records(runs, rollout), out, model=m)
-        for cat, n in counts.items():
-            typer.echo(f"{cat:26} {n:5} entries")
-        typer.echo(f"wrote {out}/result/{m}/ ; score with: BFCL_PROJECT_ROOT={out} bfcl evaluate --model {m} --test-category {','.join(counts)}")
+        records = load_records(runs, rollout)
+        counts = export_results(records, out, model=m)
+        failed = failed_by_category(records)
+        for cat in sorted(set(counts) | set(failed)):
+            left = f"  ({len(failed[cat])} failed rollouts left out)" if cat in failed else ""
+            typer.echo(f"{cat:26} {counts.get(cat, 0):5} entries{left}")
+        partial = " --partial-eval" if is_partial(counts) else ""
+        typer.echo(f"wrote {out}/result/{m}/ ; score with: BFCL_PROJECT_ROOT={out} bfcl evaluate --model {m} "
+                   f"--test-category {','.join(counts)}{partial}")
 
     @bfcl.command("evaluate")
     def evaluate_cmd(
@@ -44,20 +51,15 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON, last on stdout."),
     ) -> None:
         """Export the runs, run `bfcl evaluate` on them in a sandgym/bfcl sandbox, and compare its
-        per-category accuracy with sandgym's. Exits 1 when they differ."""
+        verdicts with sandgym's, per category and entry by entry. Rollouts that failed (model
+        call, sandbox, scoring) have no verdict on either side (left out of the export, as
+        out of sandgym's scores). Exits 1 when any verdict differs."""
         import anyio
         from rich.console import Console
         from rich.table import Table
 
         from sandgym.bfcl.data import BFCL_MODEL
-        from sandgym.bfcl.export import (
-            bfcl_evaluate,
-            compare,
-            export_results,
-            is_partial,
-            load_records,
-            sandgym_accuracy,
-        )
+        from sandgym.bfcl.export import bfcl_evaluate, compare, export_results, is_partial, load_records
 
         m = model or BFCL_MODEL
         records = load_records(runs, rollout)
@@ -65,14 +67,22 @@ def register(app: typer.Typer) -> None:
             root = keep or Path(tmp)
             counts = export_results(records, root, model=m)
             ev = anyio.run(lambda: bfcl_evaluate(root, list(counts), model=m, partial=is_partial(counts), provider=provider))
-        rows = compare(sandgym_accuracy(records), ev.scores)
+        rows = compare(records, ev)
         console = Console(stderr=as_json)
         t = Table(title=f"BFCL per-category accuracy: sandgym vs `{ev.command}`")
-        for col in ("category", "n", "sandgym", "bfcl evaluate", "agree"):
+        for col in ("category", "n", "failed (left out)", "sandgym", "bfcl evaluate", "agree"):
             t.add_column(col)
+
+        def acc(x: float | None) -> str:
+            return "-" if x is None else f"{x:.4f}"
+
         for r in rows:
-            t.add_row(r["category"], str(r["n"]), f"{r['sandgym']:.4f}", f"{r['bfcl']:.4f}", "yes" if r["agree"] else "[red]NO[/]")
+            t.add_row(r["category"], str(r["n"]), str(r["failed"]), acc(r["sandgym"]), acc(r["bfcl"]),
+                      "yes" if r["agree"] else "[red]NO[/]")
         console.print(t)
+        for r in rows:
+            if r["differ"]:
+                console.print(f"[red]{r['category']}: the verdicts differ on {', '.join(r['differ'][:20])}[/]", soft_wrap=True)
         if as_json:
             sys.stdout.write(json.dumps({"command": ev.command, "rows": rows}) + "\n")
         if not all(r["agree"] for r in rows):

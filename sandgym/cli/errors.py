@@ -76,9 +76,14 @@ def user_error_message(exc: BaseException) -> str | None:
 
     from pydantic import ValidationError
 
-    # A task group (anyio) wraps what one of its tasks raised.
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
+    from sandgym.core.failures import leaves
+
+    # A task group (anyio) wraps what one of its tasks raised; a group of several failures
+    # (cancellations aside) is not one user error.
+    found = leaves(exc)
+    if len(found) != 1:
+        return None
+    exc = found[0]
     if isinstance(exc, _usage_error_types()):
         message = exc.format_message()  # type: ignore[attr-defined]  # click's/typer's usage errors, found at runtime, all have it
         ctx = getattr(exc, "ctx", None)

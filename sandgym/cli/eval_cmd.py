@@ -37,6 +37,14 @@ def _parse_env_args(items: list[str]) -> dict[str, Any]:
     return out
 
 
+INFRA_FAILURE_EXIT = 3  # the run finished, but too many rollouts failed for infrastructure reasons
+# Rewards and pass@k are over valid attempts, and infrastructure failures are not a random
+# sample (long rollouts time out, big outputs overflow, a dead endpoint fails all): past one
+# rollout in ten, the failures choose what is scored and the number stops measuring the
+# policy. A healthy setup fails well under 1%, so 0.1 never trips on it.
+DEFAULT_MAX_INFRA_FAILURE_RATE = 0.1
+
+
 def default_concurrency() -> int:
     """Rollouts in flight: sandbox work is mostly waiting on the engine, so a few per core."""
     from sandgym.sandboxes.spec import host_cpus
@@ -68,8 +76,14 @@ def eval_command(
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Log at INFO; show the traceback of an error."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Run the rollouts on the sandgym nodes of this Ray cluster (HOST:PORT; see `sandgym ray up`). -c is then the total in flight (default: 2 per sandbox slot of each node)."),
     node_retries: int = typer.Option(2, "--node-retries", help="With --ray: how often a rollout lost with its node (or its sandbox) is run again on another node."),
+    max_infra_failure_rate: float = typer.Option(
+        DEFAULT_MAX_INFRA_FAILURE_RATE, "--max-infra-failure-rate", min=0.0, max=1.0,
+        help=f"Most rollouts (a fraction) that may fail for infrastructure reasons (sandbox, model server, environment code, time limit, scoring) before the run counts as failed: past it, the run ends with exit status {INFRA_FAILURE_EXIT} and a line saying why (its records and summary are kept). 1 never fails.",
+    ),
 ) -> None:
-    """Evaluate an environment; each rollout is appended to OUTPUT/results.jsonl as it finishes."""
+    """Evaluate an environment; each rollout is appended to OUTPUT/results.jsonl as it finishes.
+
+    Exit status: 0 done; 1 a bug (a traceback); 2 a mistake in the command, said in one line (a bad option, nothing to resume, a folder that holds another run); 3 the run finished, but more of its rollouts than --max-infra-failure-rate (default 0.1) failed for infrastructure reasons."""
     import logging
 
     import anyio
@@ -86,7 +100,7 @@ def eval_command(
     from sandgym import envs
     from sandgym.cli.errors import check_provider, show_tracebacks
     from sandgym.core.clients import OpenAIClient
-    from sandgym.core.evaluation import META, run_eval
+    from sandgym.core.evaluation import infra_failure_note, run_eval
     from sandgym.core.policies import get_policy
     from sandgym.errors import UserError
 
@@ -105,11 +119,10 @@ def eval_command(
         find_checkpoint(checkpoint)  # a missing checkpoint is the user's error, said before anything starts
     check_provider(provider)
     run_dir = resume or output
-    if resume is not None:
-        if not (resume / "results.jsonl").exists() and not (resume / META).exists():
-            raise typer.BadParameter(f"nothing to resume in {resume}")
-        if output is not None and output != resume:
-            raise typer.BadParameter("--resume DIR continues the run in DIR; do not also give a different --output")
+    # Whether the folder may be used (a fresh run, or a resume of the same run) is
+    # sandgym.run_folder's rule, checked by run_eval and run_distributed_eval alike.
+    if resume is not None and output is not None and output != resume:
+        raise typer.BadParameter("--resume DIR continues the run in DIR; do not also give a different --output")
     if run_dir is None:
         run_dir = Path("runs") / f"eval-{env_name.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -120,10 +133,6 @@ def eval_command(
         if env_kwargs and "unexpected keyword argument" in str(exc):
             raise UserError(f"bad --env-arg for {env_name}: {exc}") from exc
         raise
-    if resume is not None and (resume / META).exists():
-        prev = json.loads((resume / META).read_text())
-        if prev.get("env") not in (None, env.name):
-            raise typer.BadParameter(f"{resume} holds a run of {prev['env']!r}, not {env.name!r}")
     if provider == "ray" and ray is None and not os.environ.get("RAY_ADDRESS"):
         raise typer.BadParameter("--provider ray needs the cluster: give --ray HOST:PORT")
     conc = concurrency or env.max_concurrent or default_concurrency()
@@ -184,7 +193,7 @@ def eval_command(
             num_examples=num_examples, rollouts_per_example=rollouts, concurrency=concurrency, node_retries=node_retries,
             sampling_args=sampling, fleet_options={"agent_provider": "docker" if provider == "ray" else provider},
             meta={"policy": policy, "base_url": base_url, "provider": provider, "env_args": env_kwargs, "argv": sys.argv[1:]},
-            on_start=on_start, on_record=on_record,
+            resume=resume is not None, on_start=on_start, on_record=on_record,
         )
 
     async def main() -> dict[str, Any]:
@@ -210,6 +219,7 @@ def eval_command(
                     "concurrency": conc,
                     "argv": sys.argv[1:],
                 },
+                resume=resume is not None,
                 on_start=on_start,
                 on_record=on_record,
             )
@@ -229,6 +239,10 @@ def eval_command(
     if as_json:
         sys.stdout.write(json.dumps(summary, default=str) + "\n")
         sys.stdout.flush()
+    note = infra_failure_note(summary, max_infra_failure_rate)
+    if note is not None:
+        err.print(f"error: {note}", soft_wrap=True, markup=False, highlight=False)
+        raise typer.Exit(INFRA_FAILURE_EXIT)
 
 
 def _fmt(v: Any) -> str:

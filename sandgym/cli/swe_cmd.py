@@ -61,6 +61,8 @@ def _render(rows: list[dict[str, Any]], step: str, verbose: bool) -> None:
     """Tables of results (dicts from result.json): every data cell is a Text, never markup."""
     from rich.table import Table
 
+    from sandgym.swe.debug import fuzzy_notes
+
     table = Table(title=f"sandgym swe debug --step {step}", show_lines=False)
     for col in ("instance", "status", "FAIL_TO_PASS", "PASS_TO_PASS", "image", "time", "failing tests / error"):
         table.add_column(col, overflow="fold", no_wrap=col == "instance")
@@ -73,6 +75,8 @@ def _render(rows: list[dict[str, Any]], step: str, verbose: bool) -> None:
         note = ", ".join(r.get("failing_tests") or [])
         if r.get("error"):
             note = (note + "\n" if note else "") + (r.get("infra_reason") and f"[{r['infra_reason']}] " or "") + r["error"].splitlines()[0][:200]
+        for fuzzy in fuzzy_notes(r):
+            note = (note + "\n" if note else "") + "[fuzzy] " + fuzzy[:300]
         status = r.get("status", "?")
         table.add_row(Text(r["instance_id"]), Text(status, style=STATUS_STYLE.get(status, "white")),
                       _ratio(r.get("fail_to_pass") or {}), _ratio(r.get("pass_to_pass") or {}), Text(img),
@@ -115,11 +119,11 @@ def _render_validation(vals: list[Any]) -> None:
 
 
 def _run_dir(kind: str, output: Path | None, resume: Path | None, step: str) -> Path:
+    """The run folder; whether it may be used (a fresh run, or a resume of the same run) is
+    sandgym.run_folder's rule, checked when the store starts."""
     if resume is not None:
         if output is not None and output != resume:
             raise typer.BadParameter("--resume DIR continues the run in DIR; do not also give a different --output")
-        if not (resume / "run.json").exists():
-            raise typer.BadParameter(f"nothing to resume in {resume} (no run.json)")
         return resume
     return output or Path("runs") / f"swe-{kind}-{step}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -175,7 +179,7 @@ def register(app: typer.Typer) -> None:
         import anyio
 
         from sandgym.cli.errors import check_provider
-        from sandgym.errors import UnknownNameError, UserError
+        from sandgym.errors import UnknownNameError
         from sandgym.swe.debug import IMAGE_SOURCES, summary
         from sandgym.swe.store import RunStore
 
@@ -189,11 +193,8 @@ def register(app: typer.Typer) -> None:
         task_list = _load(tasks, instance, split)
         run_dir = _run_dir("debug", output, resume, step)
         store = RunStore(run_dir)
-        try:
-            store.start({"kind": "debug", "step": step, "tasks": tasks, "instances": len(task_list),
-                         "image_source": image_source, "registry": registry, "argv": sys.argv[1:]}, resume=resume is not None)
-        except (FileExistsError, ValueError) as exc:
-            raise UserError(str(exc)) from exc
+        store.start({"kind": "debug", "step": step, "tasks": tasks, "instances": len(task_list),
+                     "image_source": image_source, "registry": registry, "argv": sys.argv[1:]}, resume=resume is not None)
         done = store.finished(t.instance_id for t in task_list)
         if retry_infra:
             done = {k: v for k, v in done.items() if v.get("status") != "infra"}
@@ -202,8 +203,11 @@ def register(app: typer.Typer) -> None:
             console.print(Text(f"resuming {run_dir}: {len(done)} finished, {len(todo)} to run"))
         script_text = script.read_text() if script is not None else None
         t0 = time.perf_counter()
-        anyio.run(_run_debug, todo, len(task_list), len(done), step, concurrency, provider, command, script_text,
-                  mirrors, recipes, image_source, store, allow, prebuilt)
+        try:
+            anyio.run(_run_debug, todo, len(task_list), len(done), step, concurrency, provider, command, script_text,
+                      mirrors, recipes, image_source, store, allow, prebuilt)
+        finally:
+            store.close()
         rows = [store.load(t.instance_id) or {"instance_id": t.instance_id, "status": "infra", "error": "no result on disk"}
                 for t in task_list]
         summ = summary(rows, step, time.perf_counter() - t0)
@@ -214,10 +218,13 @@ def register(app: typer.Typer) -> None:
         if step == "gold_patch" and broken:
             console.print(Text(f"{len(broken)} instance(s) whose gold patch does not resolve them:", style="yellow"))
             for b in broken:
-                why = ", ".join(b["failing_tests"]) or (b["error"] or "").splitlines()[0][:200]
-                console.print(Text(f"  {b['instance_id']} ({b['status']}): {why}"), soft_wrap=True)
+                why = "; ".join(x for x in ((b["error"] or "").splitlines()[:1] + [", ".join(b["failing_tests"])] + b["fuzzy"]) if x)
+                console.print(Text(f"  {b['instance_id']} ({b['status']}): {why[:600]}"), soft_wrap=True)
         for f in summ["infra_failures"]:
             console.print(Text(f"  infra {f['instance_id']} [{f['reason']}]: {(f['error'] or '').splitlines()[0][:200]}", style="magenta"), soft_wrap=True)
+        for f in summ["fuzzy_applies"]:
+            for note in f["notes"]:
+                console.print(Text(f"  fuzzy {f['instance_id']}: {note[:400]}", style="yellow"), soft_wrap=True)
         for r in rows:
             if r.get("image_fallback"):
                 console.print(Text(f"  {r['instance_id']}: built here, the prebuilt image was unavailable: "
@@ -251,23 +258,22 @@ def register(app: typer.Typer) -> None:
         that change outcome between runs are flagged flaky. Seconds per instance, a table."""
         import anyio
 
-        from sandgym.errors import UserError
         from sandgym.swe.store import RunStore
         from sandgym.swe.validate import validation_summary
 
         task_list = _load(tasks, instance, split)
         run_dir = _run_dir("validate", output, resume, "gold+none")
         store = RunStore(run_dir)
-        try:
-            store.start({"kind": "validate", "step": "gold+none", "runs": runs, "tasks": tasks, "argv": sys.argv[1:]},
-                        resume=resume is not None)
-        except (FileExistsError, ValueError) as exc:
-            raise UserError(str(exc)) from exc
+        store.start({"kind": "validate", "step": "gold+none", "runs": runs, "tasks": tasks, "argv": sys.argv[1:]},
+                    resume=resume is not None)
         t0 = time.perf_counter()
-        vals = anyio.run(_run_validate, task_list, runs, concurrency, provider, mirrors, recipes, store)
+        try:
+            vals = anyio.run(_run_validate, task_list, runs, concurrency, provider, mirrors, recipes, store)
+        finally:
+            store.close()
         summ = validation_summary(vals, runs, time.perf_counter() - t0)
         summ["output_dir"] = str(run_dir)
-        (run_dir / "validation.json").write_text(json.dumps(summ, indent=2) + "\n")
+        store.write_summary(summ)
         _render_validation(vals)
         for v in vals:
             if v.verdict != "valid":

@@ -20,7 +20,7 @@ import anyio
 from .calls import maybe_await
 from .clients import ModelClient, ModelResponse
 from .decorators import CLEANUP, STOP, TEARDOWN, marked, stop
-from .failures import classify
+from .failures import classify, error_text
 from .parsers import Parser
 from .rubric import Rubric
 from .state import Message, State, Turn
@@ -45,14 +45,6 @@ def to_dataset(data: Any) -> Dataset | None:
     if isinstance(data, Dataset):
         return data
     return Dataset.from_list(list(data))
-
-
-def error_text(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    cause = exc.__cause__
-    if cause is not None and str(cause) not in text:
-        text += f" (caused by {type(cause).__name__}: {cause})"
-    return text[:2000]
 
 
 class Environment:

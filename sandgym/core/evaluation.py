@@ -1,97 +1,86 @@
-"""Evaluation runs: roll out an environment over its eval rows, append every finished rollout
-to `results.jsonl` at once (one write(2) per record, so a killed run loses nothing), resume a
-run by skipping the (example_id, rollout_index) pairs already recorded, and summarise
-(reward mean, unbiased pass@k, errors, timing)."""
+"""Evaluation runs: roll out an environment over its eval rows, record every finished rollout
+in the run folder at once (sandgym.run_folder: meta.json, results.jsonl, summary.json; a
+killed run loses nothing), resume a run by skipping the (example_id, rollout_index) pairs
+already recorded, and summarise (reward mean, unbiased pass@k, infrastructure failures,
+timing). `run_eval` runs on this machine; sandgym.fleet.distributed runs the same plan on a
+Ray fleet with the same folder, rule and summary."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import anyio
 
-from sandgym.errors import UserError
+from sandgym.run_folder import RunFolder
 
 from .clients import ModelClient
 from .environment import Environment
 from .state import State
 from .stats import ks_for, pass_at_k
 
-RESULTS = "results.jsonl"
-META = "meta.json"
-SUMMARY = "summary.json"
+# What makes two evals' records comparable: resuming into a folder that holds another
+# policy's or another checkpoint's records would silently mix two runs in one summary.
+EVAL_IDENTITY = ("env", "model", "sampling_args", "policy", "checkpoint", "env_args")
 
 
 def record_of(state: State) -> dict[str, Any]:
     return state.model_dump(mode="json")
 
 
-class RecordLog:
-    """Append-only JSONL of rollout records. Each line is written whole with one write(2)
-    the moment its rollout finishes: from then on it is the kernel's, so a SIGKILLed run
-    loses nothing. fsync (against a machine crash) runs at most every `fsync_every_s` and at
-    close, not per line: a per-line fsync blocks the event loop. A line cut short (a crash
-    mid-write) is dropped, and the file repaired, when the log is reopened."""
+def eval_folder(output_dir: str | os.PathLike[str]) -> RunFolder:
+    """An eval's run folder (records keyed by example id and rollout index)."""
+    return RunFolder(output_dir, kind="eval", identity=EVAL_IDENTITY)
 
-    def __init__(self, path: Path, *, fsync_every_s: float = 1.0) -> None:
-        self.path = path
-        self.fsync_every_s = fsync_every_s
-        self._last_sync = time.monotonic()
-        self.records: dict[tuple[int, int], dict[str, Any]] = {}
-        if path.exists():
-            self._load_and_repair()
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
-    def _load_and_repair(self) -> None:
-        good: list[str] = []
-        dirty = False
-        with open(self.path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if not line.endswith("\n"):
-                    dirty = True  # a partial last line from a killed run
-                    continue
-                try:
-                    rec = json.loads(line)
-                    key = (int(rec["example_id"]), int(rec["rollout_index"]))
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                    dirty = True
-                    continue
-                if key in self.records:
-                    dirty = True
-                    continue
-                self.records[key] = rec
-                good.append(line)
-        if dirty:
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.writelines(good)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+def eval_meta(env: Environment, model: str, num_examples: int | None, rollouts_per_example: int,
+              sampling_args: Mapping[str, Any] | None, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {
+        "env": env.name,
+        "model": model,
+        "num_examples": num_examples,
+        "rollouts_per_example": rollouts_per_example,
+        "sampling_args": dict(sampling_args or {}),
+        **dict(extra or {}),
+    }
 
-    def done(self) -> set[tuple[int, int]]:
-        return set(self.records)
 
-    def append(self, record: dict[str, Any]) -> None:
-        key = (int(record["example_id"]), int(record["rollout_index"]))
-        if key in self.records:
-            return
-        line = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode()
-        os.write(self._fd, line)
-        self.records[key] = record
-        if time.monotonic() - self._last_sync >= self.fsync_every_s:
-            os.fsync(self._fd)
-            self._last_sync = time.monotonic()
+Row = Mapping[str, Any]
+Key = tuple[int, int]
 
-    def close(self) -> None:
-        os.fsync(self._fd)
-        os.close(self._fd)
+
+class EvalPlan:
+    """What an eval run is to do: every (row, rollout index) wanted, and the ones the folder
+    has no record of yet; with group rewards, a row's missing rollouts go together."""
+
+    def __init__(self, rows: Sequence[Row], rollouts_per_example: int, done: set[Any]) -> None:
+        self.wanted: list[Key] = [(int(row["example_id"]), i) for row in rows for i in range(rollouts_per_example)]
+        self.todo: list[tuple[Row, int]] = [
+            (row, i) for row in rows for i in range(rollouts_per_example) if (int(row["example_id"]), i) not in done
+        ]
+        self.resumed = len(self.wanted) - len(self.todo)
+
+    def groups(self) -> list[tuple[Row, list[int]]]:
+        pending: dict[int, tuple[Row, list[int]]] = {}
+        for row, i in self.todo:
+            pending.setdefault(int(row["example_id"]), (row, []))[1].append(i)
+        return list(pending.values())
+
+
+def infra_failure_note(summary: Mapping[str, Any], max_rate: float) -> str | None:
+    """One line when the share of rollouts that failed for infrastructure reasons passes
+    `max_rate` (the summary's reward is then the mean of a subset the failures chose), else None."""
+    rate = float(summary.get("infra_failure_rate") or 0.0)
+    if rate <= max_rate:
+        return None
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted((summary.get("error_kinds") or {}).items()))
+    return (f"{summary['errors']}/{summary['num_rollouts']} rollouts ({rate:.0%}) failed for infrastructure reasons"
+            f" ({kinds}), more than --max-infra-failure-rate {max_rate:g}: the reward is not a measurement of the policy;"
+            f" see the `error` of each record in {os.path.join(str(summary.get('output_dir', '.')), 'results.jsonl')}")
 
 
 def _mean(xs: Iterable[float]) -> float | None:
@@ -154,24 +143,21 @@ def summarize(records: Iterable[Mapping[str, Any]], *, pass_threshold: float = 1
     }
 
 
-# What makes records comparable: resuming into a folder that holds another policy's or
-# another checkpoint's records would silently mix two runs in one summary.
-_RUN_IDENTITY = ("env", "model", "sampling_args", "policy", "checkpoint", "env_args")
-
-
-def _same_run(path: Path, new: Mapping[str, Any]) -> None:
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return  # no readable meta: records written by an older version; resume as before
-    # The new meta as it will be written (default=str), so both sides compare as JSON.
-    cur = json.loads(json.dumps(dict(new), default=str))
-    for key in _RUN_IDENTITY:
-        if key in old and key in cur and old[key] != cur[key]:
-            raise UserError(
-                f"{path.parent} holds records of another run ({key}: {old[key]!r}, now {cur[key]!r}); "
-                "resuming would mix them: choose another output folder or remove that one"
-            )
+def eval_summary(env: Environment, model: str, rollouts_per_example: int, folder: RunFolder, plan: EvalPlan,
+                 wall_s: float) -> dict[str, Any]:
+    """The run's summary over every wanted record in the folder (resumed ones included)."""
+    records = folder.records_of(plan.wanted)
+    return {
+        "env": env.name,
+        "model": model,
+        "rollouts_per_example": rollouts_per_example,
+        **summarize(records, pass_threshold=env.pass_threshold),
+        "new_rollouts": len(plan.todo),
+        "resumed_rollouts": plan.resumed,
+        "wall_s": wall_s,
+        "rollouts_per_s": (len(plan.todo) / wall_s) if wall_s > 0 else None,
+        "output_dir": str(folder.root),
+    }
 
 
 async def run_eval(
@@ -188,39 +174,43 @@ async def run_eval(
     max_sandboxes: int | None = None,
     warm: bool = True,
     meta: Mapping[str, Any] | None = None,
+    resume: bool | None = None,
     on_start: Callable[[int, int], None] | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume, when `output_dir` holds a results file) an evaluation; returns the
-    summary over every record in the file. Group rewards, when the rubric has any, are
-    applied once a group's rollouts are all done, so those groups are recorded together."""
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    log = RecordLog(out / RESULTS)
-    rows = env.rows(num_examples)
-    todo = [(row, i) for row in rows for i in range(rollouts_per_example) if (int(row["example_id"]), i) not in log.done()]
-    wanted = {(int(row["example_id"]), i) for row in rows for i in range(rollouts_per_example)}
-    already = len(wanted & log.done())
-    if on_start:
-        on_start(len(wanted), already)
-    meta_doc = {
-        "env": env.name,
-        "model": model,
-        "num_examples": num_examples,
-        "rollouts_per_example": rollouts_per_example,
-        "sampling_args": dict(sampling_args or {}),
-        **dict(meta or {}),
-    }
-    if already:
-        _same_run(out / META, meta_doc)
-    (out / META).write_text(json.dumps(meta_doc, indent=2, default=str))
-    grouped = bool(env.rubric.group_funcs)
+    """Run an evaluation into the run folder `output_dir`, or resume the run it holds;
+    returns the summary over every record in the folder. `resume`: True, the folder must
+    hold this run; False, it must hold none; None, either (RunFolder's rules; another run's
+    folder is refused). Group rewards, when the rubric has any, are applied once a group's
+    rollouts are all done, so those groups are recorded together."""
+    folder = eval_folder(output_dir)
+    folder.open(eval_meta(env, model, num_examples, rollouts_per_example, sampling_args, meta), resume=resume)
+    try:
+        plan = EvalPlan(env.rows(num_examples), rollouts_per_example, folder.done())
+        if on_start:
+            on_start(len(plan.wanted), plan.resumed)
+        wall = await _roll_out(env, client, model, plan, folder, concurrency=concurrency, sampling_args=sampling_args,
+                               provider=provider, max_sandboxes=max_sandboxes, warm=warm, on_record=on_record)
+    finally:
+        folder.close()
+    summary = eval_summary(env, model, rollouts_per_example, folder, plan, wall)
+    folder.write_summary(summary)
+    return summary
+
+
+async def _roll_out(
+    env: Environment, client: ModelClient, model: str, plan: EvalPlan, folder: RunFolder, *, concurrency: int,
+    sampling_args: Mapping[str, Any] | None, provider: Any, max_sandboxes: int | None, warm: bool,
+    on_record: Callable[[dict[str, Any]], None] | None,
+) -> float:
+    """Run the plan's rollouts on this machine, recording each as it finishes; the wall time."""
+    todo = plan.todo
     limit = anyio.CapacityLimiter(max(1, concurrency))
     t0 = time.perf_counter()
 
     def emit(state: State) -> None:
         rec = record_of(state)
-        log.append(rec)
+        folder.append(rec)
         if on_record:
             on_record(rec)
 
@@ -236,7 +226,7 @@ async def run_eval(
             for spec in {s.key(): s for s in env.sandbox_specs()}.values():
                 await mgr.warm(spec, unstarted)
 
-    async def one(row: Mapping[str, Any], i: int, sink: list[State] | None) -> None:
+    async def one(row: Row, i: int, sink: list[State] | None) -> None:
         nonlocal started
         async with limit:
             started += 1
@@ -247,7 +237,7 @@ async def run_eval(
         else:
             sink.append(state)
 
-    async def group(row: Mapping[str, Any], indices: list[int]) -> None:
+    async def group(row: Row, indices: list[int]) -> None:
         states: list[State] = []
         async with anyio.create_task_group() as tg:
             for i in indices:
@@ -257,34 +247,14 @@ async def run_eval(
             emit(s)
 
     n_sb = max_sandboxes or max(1, concurrency)
-    try:
-        n_warm = min(n_sb, len(todo)) if warm else 0
-        async with env.sandbox_session(provider, max_sandboxes=n_sb, warm=n_warm) as mgr:
-            pool.update(mgr=mgr, target=n_warm if warm else 0)
-            async with anyio.create_task_group() as tg:
-                if grouped:
-                    pending: dict[int, tuple[Mapping[str, Any], list[int]]] = {}
-                    for row, i in todo:
-                        pending.setdefault(int(row["example_id"]), (row, []))[1].append(i)
-                    for first, indices in pending.values():
-                        tg.start_soon(group, first, indices)
-                else:
-                    for row, i in todo:
-                        tg.start_soon(one, row, i, None)
-    finally:
-        log.close()
-    wall = time.perf_counter() - t0
-    records = [r for k, r in log.records.items() if k in wanted]
-    summary = {
-        "env": env.name,
-        "model": model,
-        "rollouts_per_example": rollouts_per_example,
-        **summarize(records, pass_threshold=env.pass_threshold),
-        "new_rollouts": len(todo),
-        "resumed_rollouts": already,
-        "wall_s": wall,
-        "rollouts_per_s": (len(todo) / wall) if wall > 0 else None,
-        "output_dir": str(out),
-    }
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2, default=str))
-    return summary
+    n_warm = min(n_sb, len(todo)) if warm else 0
+    async with env.sandbox_session(provider, max_sandboxes=n_sb, warm=n_warm) as mgr:
+        pool.update(mgr=mgr, target=n_warm)
+        async with anyio.create_task_group() as tg:
+            if env.rubric.group_funcs:
+                for row, indices in plan.groups():
+                    tg.start_soon(group, row, indices)
+            else:
+                for row, i in todo:
+                    tg.start_soon(one, row, i, None)
+    return time.perf_counter() - t0

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .calls import call_with_named
-from .failures import classify
+from .failures import classify, error_text
 from .parsers import Parser, last_assistant_text
 from .state import State
 from .stats import group_advantages
@@ -87,7 +87,7 @@ class Rubric:
             except Exception as exc:
                 log.warning("reward function %s failed: %r", name, exc)
                 state.metrics[f"{name}_error"] = 1.0
-                state.fail(f"scoring: {name} failed: {exc!r}", classify(exc, default="scoring"))
+                state.fail(f"scoring: {name} failed: {error_text(exc)}", classify(exc, default="scoring"))
                 value = 0.0
             state.metrics[name] = value
             total += weight * value

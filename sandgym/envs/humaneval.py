@@ -15,6 +15,13 @@ Two variants:
 
 The oracle answers with the canonical solution; in the tools variant it first runs the
 solution and the tests through the `python` tool, like a model would.
+
+Time limits: the test program has `test_cpu_s` (5) seconds of CPU; a program that loops
+is killed there and fails, a 0 for the policy. The exec also has a wall-clock limit,
+`test_timeout_s` (30: the CPU limit three times over at the sandbox's 0.5 CPUs); a program
+still running at it had not used its CPU, so the machine was too loaded to decide (or the
+program slept): the rollout is an infrastructure failure (core.failures.ScoringTimeout,
+error_kind "timeout"), never a 0 for the policy.
 """
 
 from __future__ import annotations
@@ -26,12 +33,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from sandgym.core.environment import SingleTurnEnv
+from sandgym.core.failures import ScoringTimeout
 from sandgym.core.parsers import CodeBlockParser
 from sandgym.core.rubric import Rubric
 from sandgym.core.sandbox_env import PythonEnv, checked_exec
 from sandgym.core.state import Message, State
 from sandgym.core.tools import tool_call
 from sandgym.sandboxes.base import ExecJob
+from sandgym.sandboxes.result import ExecResult
 from sandgym.sandboxes.spec import SandboxSpec, host_cpus
 
 SYSTEM_PROMPT = (
@@ -43,7 +52,8 @@ TOOLS_SYSTEM_PROMPT = (
     "interpreter) to try your code. When done, reply with the full function (imports included) "
     "in a single ```python fenced code block and no tool call."
 )
-TEST_TIMEOUT_S = 20.0
+TEST_CPU_S = 5  # CPU seconds of the test program: a loop in the model's code fails here
+TEST_TIMEOUT_S = 30.0  # wall clock: past it, the machine (not the program) is what was slow
 
 
 def load_rows() -> list[dict[str, Any]]:
@@ -78,6 +88,24 @@ def program(code: str, info: dict[str, Any]) -> str:
     return body + "\n\n" + info["test"] + f"\n\ncheck({entry})\n"
 
 
+def test_argv(cpu_s: int) -> list[str]:
+    """The test program on stdin, under a CPU-time limit (it and its children)."""
+    return ["sh", "-c", f"ulimit -t {int(cpu_s)} && exec python3 -"]
+
+
+def passed(r: ExecResult, *, cpu_s: int, timeout_s: float) -> bool:
+    """The verdict of a test run: exit 0 passes, any other exit fails (a wrong answer, a
+    crash, the CPU limit), and a run cut at the wall-clock limit has no verdict: a
+    ScoringTimeout (see the module docstring)."""
+    if r.timed_out:
+        raise ScoringTimeout(
+            f"HumanEval's tests were still running after {timeout_s:g}s of wall-clock time without having used "
+            f"their {cpu_s}s of CPU: the machine was too loaded to decide (a loop in the code would have ended "
+            "at the CPU limit, as a failure)"
+        )
+    return r.exit_code == 0
+
+
 async def run_tests(
     code: str | None,
     info: dict[str, Any],
@@ -87,23 +115,26 @@ async def run_tests(
     *,
     reuse: bool = False,
     batcher: Any = None,
+    cpu_s: int = TEST_CPU_S,
+    timeout_s: float = TEST_TIMEOUT_S,
 ) -> bool:
     """True when the code passes the problem's tests, run in `sandbox`, through `batcher`
-    (an ExecBatcher), or in a sandbox from `sandboxes` (reset and pooled after, with `reuse`)."""
+    (an ExecBatcher), or in a sandbox from `sandboxes` (reset and pooled after, with `reuse`).
+    Raises ScoringTimeout when the run cannot decide in `timeout_s`."""
     if not code:
         return False
     src = program(code, info)
+    argv = test_argv(cpu_s)
     if sandbox is not None:
-        r = await checked_exec(sandbox, ["python3", "-"], timeout=TEST_TIMEOUT_S, stdin=src)
-        return r.exit_code == 0 and not r.timed_out
-    if batcher is not None:
-        r = await batcher.run(ExecJob(["python3", "-"], timeout=TEST_TIMEOUT_S, stdin=src))
-        return r.exit_code == 0 and not r.timed_out
-    if sandboxes is None:
+        r = await checked_exec(sandbox, argv, timeout=timeout_s, stdin=src)
+    elif batcher is not None:
+        r = await batcher.run(ExecJob(argv, timeout=timeout_s, stdin=src))
+    elif sandboxes is None:
         raise RuntimeError("no sandbox to run the tests in")
-    async with sandboxes.sandbox(spec, reuse=reuse) as sb:
-        r = await checked_exec(sb, ["python3", "-"], timeout=TEST_TIMEOUT_S, stdin=src)
-    return r.exit_code == 0 and not r.timed_out
+    else:
+        async with sandboxes.sandbox(spec, reuse=reuse) as sb:
+            r = await checked_exec(sb, argv, timeout=timeout_s, stdin=src)
+    return passed(r, cpu_s=cpu_s, timeout_s=timeout_s)
 
 
 def scoring_pool_size(concurrency: int, spec: SandboxSpec) -> int:
@@ -177,6 +208,8 @@ def load_environment(
     max_turns: int = 8,
     reuse_sandboxes: bool = True,
     batch_scoring: bool = False,
+    test_cpu_s: int = TEST_CPU_S,
+    test_timeout_s: float = TEST_TIMEOUT_S,
     **kwargs: Any,
 ) -> SingleTurnEnv | PythonEnv:
     rows = load_rows()
@@ -194,7 +227,8 @@ def load_environment(
         completion: list[Message], info: dict[str, Any], sandbox: Any = None, sandboxes: Any = None, batcher: Any = None
     ) -> float:
         code = parser.parse_answer(completion)
-        ok = await run_tests(code, info, sandbox, sandboxes, spec, reuse=reuse_sandboxes, batcher=batcher)
+        ok = await run_tests(code, info, sandbox, sandboxes, spec, reuse=reuse_sandboxes, batcher=batcher,
+                             cpu_s=test_cpu_s, timeout_s=test_timeout_s)
         return 1.0 if ok else 0.0
 
     def has_code_block(completion: list[Message]) -> float:

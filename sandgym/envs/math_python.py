@@ -26,6 +26,7 @@ from typing import Any
 
 import anyio
 
+from sandgym.core.failures import ScoringTimeout
 from sandgym.core.parsers import BoxedParser
 from sandgym.core.rubric import Rubric
 from sandgym.core.sandbox_env import PythonEnv
@@ -131,6 +132,9 @@ class MathPythonEnv(PythonEnv):
             raise RuntimeError("math_python checks answers in a sandbox: run it inside `env.sandbox_session(...)`")
         code = f"_sg_check(_sg_json.loads({json.dumps(answer)!r}), _sg_json.loads({json.dumps(boxed)!r}))\n"
         reply = await self.verifier.run(code, timeout=60.0)
+        if reply.status == "timeout":
+            # math-verify's own limits (5 s) give up inside the cell: a cell past 60 s was starved.
+            raise ScoringTimeout("math-verify did not answer in 60s: the machine was too loaded to check")
         out = _marked(reply.stdout) if reply.ok else None
         if out is None:
             # math-verify gave up (a timeout or a crash on this answer): not a correct answer.

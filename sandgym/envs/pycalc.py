@@ -42,6 +42,7 @@ import json
 import random
 from typing import Any, Literal
 
+from sandgym.core.failures import ScoringTimeout
 from sandgym.core.parsers import last_assistant_text
 from sandgym.core.rubric import Rubric
 from sandgym.core.sandbox_env import SandboxEnv, checked_exec, format_exec
@@ -131,6 +132,8 @@ async def judge(completion: list[Message], state: State, sandbox: Any) -> tuple[
     if sandbox is not None and results and closed:
         payload = json.dumps({"printed": str(results[-1].get("content") or ""), "answer": last_assistant_text([final])})
         r = await checked_exec(sandbox, ["python3", "-c", JUDGE, state.info["kind"]], timeout=30, stdin=payload)
+        if r.timed_out:
+            raise ScoringTimeout("pycalc's judge did not finish in 30s: the machine was too loaded to judge")
         bits = r.stdout.split()
         if r.exit_code != 0 or len(bits) != 2:
             raise RuntimeError(f"pycalc judge failed (exit {r.exit_code}): {r.stderr[-300:]}")

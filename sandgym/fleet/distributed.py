@@ -1,17 +1,20 @@
 """Distributed rollouts on a Ray fleet: `sandgym eval ENV --ray ADDRESS`, and the trainer's
 rollout source with a Ray address (train/ray_source.py).
 
-The driver keeps the run's state -- what is to do, `results.jsonl`, the summary -- and sends
-each rollout (or each group, when the rubric scores groups) to a node agent, where it runs
-next to its sandbox (rollouts.py, through `NodeAgent.run`); the finished record comes back
-and is appended at once, as on one machine, so `--resume` works the same way.
+The driver keeps the run's state in the same run folder as on one machine (sandgym.run_folder,
+through core.evaluation's eval_folder, EvalPlan and eval_summary: one meta, one same-run
+rule, one resume, one summary) and sends each rollout (or each group, when the rubric
+scores groups) to a node agent, where it runs next to its sandbox (rollouts.py, through
+`NodeAgent.run`); the finished record comes back and is appended at once, so `--resume`
+works, and refuses another run's folder, exactly as on one machine.
 
 Fan-in: `concurrency` rollouts are in flight in all, at most `per_node` on one node
 (default: `concurrency` spread evenly over the nodes up at the start); the agents' Ray
 `max_concurrency` is explicit and checked against it, so nothing is queued silently.
 
 Node failure: a rollout whose node is lost (or whose sandbox failed) comes back as
-`SandboxLostError` / error_kind "sandbox". It is retried on another node, at most
+`SandboxLostError` / error_kind "sandbox"; one that ran past a time limit (a scoring step
+on a loaded node, say) as error_kind "timeout". It is retried on another node, at most
 `node_retries` times; the record that is kept (the successful retry, or the last failure
 once the bound is spent) lists the failed attempts in `info["fleet"]["attempts"]`, and the
 summary counts them (`fleet.retried_rollouts`, `fleet.retries`). A failure that is kept
@@ -20,20 +23,19 @@ stays an infrastructure failure: out of reward_mean and pass@k, never a reward o
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import anyio
 
-from sandgym.core.environment import Environment, error_text
-from sandgym.core.evaluation import META, RESULTS, SUMMARY, RecordLog, record_of, summarize
+from sandgym.core.environment import Environment
+from sandgym.core.evaluation import EvalPlan, eval_folder, eval_meta, eval_summary, record_of
+from sandgym.core.failures import error_text
 from sandgym.core.state import State
 from sandgym.sandboxes.errors import SandboxLostError
 from sandgym.sandboxes.providers.ray.fleet import AGENT_MAX_CONCURRENCY, Fleet, FleetNode
@@ -43,7 +45,9 @@ from .jobs import ClientSpec, EnvSpec
 
 log = logging.getLogger(__name__)
 
-RETRY_KINDS = frozenset({"sandbox"})  # failures that are the machine's, worth another node
+# Failures that are the machine's, worth another node: its sandbox died, or a time limit
+# passed (a scoring step on a loaded node, say: core.failures.ScoringTimeout).
+RETRY_KINDS = frozenset({"sandbox", "timeout"})
 # Calls an agent must serve besides rollouts (heartbeats, prepare, a fleet's sandboxes).
 AGENT_RESERVE = 64
 
@@ -148,17 +152,16 @@ class RolloutDispatcher:
                 node = await self._slot({a["node"] for a in attempts})
             except SandboxLostError as exc:
                 return self._failed(row, indices, attempts, exc)
-            fn: Callable[..., Any]  # rollouts.rollout_group with the indices, or .rollout with one
-            which: list[int] | int
+            which: int
             try:
+                job = (self.env_spec, self.client_spec, dict(row))
                 if grouped:
-                    fn, which = rollouts.rollout_group, list(indices)
+                    recs = await self.fleet.call(node, "run", self.fleet.session, rollouts.rollout_group, *job,
+                                                 list(indices), self.sampling_args)
                 else:
                     (which,) = indices
-                    fn = rollouts.rollout
-                recs = await self.fleet.call(
-                    node, "run", self.fleet.session, fn, self.env_spec, self.client_spec, dict(row), which, self.sampling_args
-                )
+                    recs = await self.fleet.call(node, "run", self.fleet.session, rollouts.rollout, *job, which,
+                                                 self.sampling_args)
             except SandboxLostError as exc:
                 attempts.append({"node": node.name, "error": error_text(exc), "error_kind": "sandbox", "at": time.time()})
                 log.warning("rollout %s%s lost with node %s; attempt %d", row.get("example_id"), list(indices), node.name, len(attempts))
@@ -233,81 +236,57 @@ async def run_distributed_eval(
     fleet: Fleet | None = None,
     fleet_options: Mapping[str, Any] | None = None,
     meta: Mapping[str, Any] | None = None,
+    resume: bool | None = None,
     on_start: Callable[[int, int], None] | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """`run_eval` across the sandgym nodes of the Ray cluster at `address`; the same files
-    (results.jsonl, meta.json, summary.json), plus the summary's `fleet` section."""
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    log_ = RecordLog(out / RESULTS)
-    rows = env.rows(num_examples)
-    wanted = {(int(row["example_id"]), i) for row in rows for i in range(rollouts_per_example)}
-    todo = [(row, i) for row in rows for i in range(rollouts_per_example) if (int(row["example_id"]), i) not in log_.done()]
-    already = len(wanted & log_.done())
-    if on_start:
-        on_start(len(wanted), already)
+    """`run_eval` across the sandgym nodes of the Ray cluster at `address`: the same run
+    folder (checked before the cluster is contacted), plus the summary's `fleet` section."""
+    folder = eval_folder(output_dir)
+    folder.open(eval_meta(env, client_spec.model, num_examples, rollouts_per_example, sampling_args, meta), resume=resume)
     own_fleet = fleet is None
-    fleet = fleet or Fleet(address, **dict(fleet_options or {}))
-    t0 = time.perf_counter()
     try:
-        await fleet.start(min_nodes=min_nodes)
-        total = concurrency or default_concurrency(fleet)
-        dispatcher = RolloutDispatcher(
-            fleet, env, env_spec, client_spec, total=total, per_node=per_node,
-            node_retries=node_retries, warm=warm, sampling_args=sampling_args,
-        )
-        meta_doc = {
-            "env": env.name,
-            "model": client_spec.model,
-            "num_examples": num_examples,
-            "rollouts_per_example": rollouts_per_example,
-            "sampling_args": dict(sampling_args or {}),
-            "ray": {"address": address, "concurrency": total, "per_node": dispatcher.per_node, "node_retries": node_retries},
-            **dict(meta or {}),
-        }
-        (out / META).write_text(json.dumps(meta_doc, indent=2, default=str))
-        await dispatcher.start()
+        plan = EvalPlan(env.rows(num_examples), rollouts_per_example, folder.done())
+        if on_start:
+            on_start(len(plan.wanted), plan.resumed)
+        fleet = fleet or Fleet(address, **dict(fleet_options or {}))
+        t0 = time.perf_counter()
+        try:
+            await fleet.start(min_nodes=min_nodes)
+            total = concurrency or default_concurrency(fleet)
+            dispatcher = RolloutDispatcher(
+                fleet, env, env_spec, client_spec, total=total, per_node=per_node,
+                node_retries=node_retries, warm=warm, sampling_args=sampling_args,
+            )
+            folder.update_meta({"ray": {"address": address, "concurrency": total, "per_node": dispatcher.per_node,
+                                        "node_retries": node_retries}})
+            await dispatcher.start()
 
-        def emit(rec: dict[str, Any]) -> None:
-            log_.append(rec)
-            if on_record:
-                on_record(rec)
+            def emit(rec: dict[str, Any]) -> None:
+                folder.append(rec)
+                if on_record:
+                    on_record(rec)
 
-        async def job(row: Mapping[str, Any], indices: list[int], grouped: bool) -> None:
-            for rec in await dispatcher.run(row, indices, grouped=grouped):
-                emit(rec)
+            async def job(row: Mapping[str, Any], indices: list[int], grouped: bool) -> None:
+                for rec in await dispatcher.run(row, indices, grouped=grouped):
+                    emit(rec)
 
-        grouped = bool(env.rubric.group_funcs)
-        async with anyio.create_task_group() as tg:
-            if grouped:
-                pending: dict[int, tuple[Mapping[str, Any], list[int]]] = {}
-                for row, i in todo:
-                    pending.setdefault(int(row["example_id"]), (row, []))[1].append(i)
-                for first, indices in pending.values():
-                    tg.start_soon(job, first, indices, True)
-            else:
-                for row, i in todo:
-                    tg.start_soon(job, row, [i], False)
-        wall = time.perf_counter() - t0
-        records = [r for k, r in log_.records.items() if k in wanted]
-        summary = {
-            "env": env.name,
-            "model": client_spec.model,
-            "rollouts_per_example": rollouts_per_example,
-            **summarize(records, pass_threshold=env.pass_threshold),
-            "new_rollouts": len(todo),
-            "resumed_rollouts": already,
-            "wall_s": wall,
-            "rollouts_per_s": (len(todo) / wall) if wall > 0 else None,
-            "output_dir": str(out),
-            "fleet": fleet_summary(records, fleet, dispatcher),
-        }
+            async with anyio.create_task_group() as tg:
+                if env.rubric.group_funcs:
+                    for row, indices in plan.groups():
+                        tg.start_soon(job, row, indices, True)
+                else:
+                    for row, i in plan.todo:
+                        tg.start_soon(job, row, [i], False)
+            wall = time.perf_counter() - t0
+            summary = eval_summary(env, client_spec.model, rollouts_per_example, folder, plan, wall)
+            summary["fleet"] = fleet_summary(folder.records_of(plan.wanted), fleet, dispatcher)
+        finally:
+            if own_fleet:
+                await fleet.close()
     finally:
-        log_.close()
-        if own_fleet:
-            await fleet.close()
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2, default=str))
+        folder.close()
+    folder.write_summary(summary)
     return summary
 
 

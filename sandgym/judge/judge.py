@@ -7,6 +7,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from sandgym.core.failures import ScoringTimeout
 from sandgym.core.sandbox_env import checked_exec
 
 from .model import JudgeResult, Problem, TestResult
@@ -69,10 +70,10 @@ async def judge(sandbox: Any, code: str, problem: Problem, **options: Any) -> Ju
     if not problem.tests:
         raise ValueError(f"problem {problem.id} has no tests")
     req = judge_request(code, problem, **options)
-    r = await checked_exec(
-        sandbox,
-        ["python3", "-I", "-c", harness_source()],
-        timeout=time_budget(problem, req["wall_factor"]),
-        stdin=json.dumps(req),
-    )
+    budget = time_budget(problem, req["wall_factor"])
+    r = await checked_exec(sandbox, ["python3", "-I", "-c", harness_source()], timeout=budget, stdin=json.dumps(req))
+    if r.timed_out:
+        # Every test has its own limits inside the budget: a judge past it was starved.
+        raise ScoringTimeout(f"judging {problem.id} ran past its {budget:g}s budget ({len(problem.tests)} tests): "
+                             "the machine was too loaded to judge")
     return parse_result(r.stdout, r.stderr, r.exit_code)

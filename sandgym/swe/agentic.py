@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from sandgym.core.failures import ScoringTimeout
 from sandgym.core.rubric import Rubric
 from sandgym.core.sandbox_env import SandboxEnv, checked_exec
 from sandgym.core.state import Message, State
@@ -193,7 +194,13 @@ class SWEAgentEnv(SandboxEnv):
             "fail_to_pass": rep.fail_to_pass if rep else {}, "pass_to_pass": rep.pass_to_pass if rep else {},
             "error": ev.error, "diff": ev.diff,
         }
-        return 1.0 if rep is not None and rep.resolved else 0.0
+        # The check could not decide (the tests timed out, their output was cut, the test patch
+        # did not apply, no outcomes parsed): not the policy's 0.
+        if ev.infra == "timeout":
+            raise ScoringTimeout(f"the tests of {task.instance_id} did not decide: {ev.error}")
+        if ev.infra is not None or rep is None:
+            raise RuntimeError(f"the tests of {task.instance_id} did not decide: {ev.error}")
+        return 1.0 if rep.resolved else 0.0
 
     def fail_to_pass_rate(self, state: State) -> float:
         return _rate(state.info.get("swe", {}).get("fail_to_pass", {}))

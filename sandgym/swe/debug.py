@@ -14,8 +14,12 @@ patch, the tests and the grading are the same code.
 
 Steps:
 - `none`: nothing; the tests run against base_commit (a good task is unresolved).
-- `gold_patch`: apply the task's `patch` (`git apply`, then `patch -p1`; reversed for
-  SWE-smith rows, whose `patch` is the bug).
+- `gold_patch`: apply the task's `patch` (reversed for SWE-smith rows, whose `patch` is the
+  bug) as SWE-bench's harness does: `git apply`, and when git refuses a well-formed patch,
+  `patch --fuzz=5 -p1` (tried dry first). A patch that does not apply is an `error` with
+  git's message and no test run; a corrupt one (cut short) is never fuzzed on; a fuzzy
+  apply is recorded (`patches`, with patch's notes) and shown. The test patch goes on the
+  same way.
 - `command`: a shell command in /testbed (the CLI's `--command`, else the task's `debug_command`).
 - `script`: a script uploaded to the sandbox and run in /testbed (the CLI's `--script` file,
   else the task's `debug_script`text); it runs with its shebang, or bash without one.
@@ -46,13 +50,14 @@ from typing import Any
 import anyio
 from pydantic import BaseModel, Field
 
-from sandgym.core.environment import Environment, error_text
+from sandgym.core.environment import Environment
+from sandgym.core.failures import error_text
 from sandgym.core.rubric import Rubric
 from sandgym.core.state import State
 from sandgym.sandboxes.errors import ImagePullError, SandboxError, SpecError
 from sandgym.sandboxes.spec import EgressPolicy, SandboxSpec
 
-from .evaluate import SCRATCH, TestReport, apply_patch, evaluate, prepare, run_logged
+from .evaluate import SCRATCH, PatchApply, TestReport, apply_patch, evaluate, prepare, run_logged
 from .images import (
     BUILT_LAYOUT,
     BaseImageError,
@@ -112,6 +117,7 @@ class InstanceResult(BaseModel):
     graded_by: str | None = None
     step_exit_code: int | None = None
     test_exit_code: int | None = None
+    patches: dict[str, PatchApply] = Field(default_factory=dict)  # "gold", "test_patch": how each went on
     applied_diff: str = ""
     image: str | None = None
     image_reused: bool | None = None  # a task image built here: found (True) or built (False)
@@ -148,6 +154,11 @@ def task_spec(
         output_limit_bytes=64 << 20,
         labels={"sandgym-swe.instance": task.instance_id[:200]},
     )
+
+
+class _NoTests(Exception):
+    """The step leaves nothing to test (a gold patch that does not apply): SWE-bench calls
+    that an error and runs no tests."""
 
 
 class _Infra(Exception):
@@ -303,7 +314,12 @@ class SWEDebugRunner:
                     raise _Infra("setup", str(exc)) from exc
                 self.progress(task.instance_id, self.step.value)
                 t2 = time.perf_counter()
-                step_error = await self._run_step(sb, task, res)
+                try:
+                    step_error = await self._run_step(sb, task, res)
+                except _NoTests as exc:
+                    res.timings["step_s"] = time.perf_counter() - t2
+                    res.status, res.error = "error", str(exc)
+                    return
                 res.timings["step_s"] = time.perf_counter() - t2
                 self.progress(task.instance_id, "tests")
                 ev = await evaluate(sb, task, res.logs, base=base, layout=layout)
@@ -318,6 +334,8 @@ class SWEDebugRunner:
             raise _Infra("sandbox", f"sandbox failure: {error_text(exc)}") from exc
         res.applied_diff = ev.diff
         res.timings.update(ev.timings)
+        if ev.test_patch is not None:
+            res.patches["test_patch"] = ev.test_patch
         if ev.report is not None:
             self._take_report(res, ev.report)
         res.error = step_error or ev.error
@@ -340,18 +358,21 @@ class SWEDebugRunner:
         res.parser, res.graded_by = rep.parser, rep.graded_by
 
     async def _run_step(self, sb: Any, task: SWETask, res: InstanceResult) -> str | None:
-        """Run the step; returns an error note when the step itself failed (the tests still run,
-        so the report shows what a half-applied step left)."""
+        """Run the step; returns an error note when a command or script step failed (the
+        tests still run, so the report shows what it left). A gold patch that is missing or
+        does not apply raises _NoTests: nothing of it is in the tree, so there is nothing to test."""
         step = self.step
         recipe = task.require_recipe()
         if step is DebugStep.NONE:
             return None
         if step is DebugStep.GOLD_PATCH:
             if not task.patch.strip():
-                return "the task has no gold patch"
-            r = await apply_patch(sb, task.patch, "gold", res.logs, "step", reverse=task.gold_reverse)
-            res.step_exit_code = r.exit_code
-            return None if r.ok else f"the gold patch does not apply (exit {r.exit_code}): {(r.stdout + r.stderr)[-400:]}"
+                raise _NoTests("the task has no gold patch")
+            applied = res.patches["gold"] = await apply_patch(sb, task.patch, "gold", res.logs, "step", reverse=task.gold_reverse)
+            res.step_exit_code = applied.exit_code
+            if not applied.ok:
+                raise _NoTests(f"the gold patch does not apply: {applied.error}")
+            return None
         if step is DebugStep.COMMAND:
             cmd = self.command or task.debug_command
             if not cmd:
@@ -372,12 +393,24 @@ class SWEDebugRunner:
         raise ValueError(step)  # pragma: no cover
 
 
+def fuzzy_notes(result: Mapping[str, Any]) -> list[str]:
+    """One line per patch of a result (dict) that went on by the fuzzy fallback."""
+    notes = []
+    for what, applied in (result.get("patches") or {}).items():
+        note = PatchApply.model_validate(applied).note("the gold patch" if what == "gold" else f"the {what.replace('_', ' ')}")
+        if note is not None:
+            notes.append(note)
+    return notes
+
+
 def broken_report(results: Sequence[Any]) -> list[dict[str, Any]]:
-    """Instances the step did not resolve, with why: for `gold_patch`, the broken tasks
-    (infra failures are listed apart: they say nothing about the task)."""
+    """Instances the step did not resolve, with why (the error, e.g. the patch that does not
+    apply, and the failing tests): for `gold_patch`, the broken tasks (infra failures are
+    listed apart: they say nothing about the task)."""
     rows = [_as_dict(r) for r in results]
     return [
-        {"instance_id": r["instance_id"], "status": r["status"], "failing_tests": r.get("failing_tests", []), "error": r.get("error")}
+        {"instance_id": r["instance_id"], "status": r["status"], "failing_tests": r.get("failing_tests", []), "error": r.get("error"),
+         "fuzzy": fuzzy_notes(r)}
         for r in rows if not r.get("resolved") and r.get("status") != "infra"
     ]
 
@@ -404,6 +437,7 @@ def summary(results: Sequence[Any], step: str, wall_s: float | None = None) -> d
         "not_resolved": broken_report(rows),
         "infra_failures": [{"instance_id": r["instance_id"], "reason": r.get("infra_reason"), "error": r.get("error")}
                            for r in rows if r.get("status") == "infra"],
+        "fuzzy_applies": [{"instance_id": r["instance_id"], "notes": fuzzy_notes(r)} for r in rows if fuzzy_notes(r)],
     }
     if wall_s is not None:
         out["wall_s"] = round(wall_s, 3)

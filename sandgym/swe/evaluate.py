@@ -21,11 +21,38 @@ from sandgym.sandboxes.result import ExecResult
 
 from .grading import MISSING, TESTS_TIMEOUT, ParserError, TestReport, grade_log
 from .images import BUILT_LAYOUT, ImageLayout
+from .patches import cut_short
 from .tasks import END_TEST_OUTPUT, START_TEST_OUTPUT, TESTBED, SWETask, diff_paths
 
-__all__ = ["MISSING", "SCRATCH", "Evaluation", "TestReport", "apply_patch", "evaluate", "prepare", "run_logged"]
+__all__ = ["MISSING", "SCRATCH", "Evaluation", "PatchApply", "TestReport", "apply_patch", "evaluate", "prepare", "run_logged"]
 
 SCRATCH = "/tmp/sandgym-swe"
+
+
+class PatchApply(BaseModel):
+    """How a patch went onto /testbed. `method`: "git" (`git apply`, exact), "patch" (the
+    fallback SWE-bench also takes, `patch --fuzz=5`: context may have drifted, so the hunks
+    it moved or fuzzed are listed in `fuzzy`), or None: it did not apply, and nothing of it
+    was (the fallback is tried dry first). `error` says why, in git's words and patch's."""
+
+    ok: bool
+    method: str | None = None
+    fuzzy: list[str] = Field(default_factory=list)  # patch's notes: "Hunk #1 succeeded at 14 with fuzz 2."
+    git_error: str | None = None  # what git apply said when it refused (the fallback's reason)
+    error: str | None = None
+    exit_code: int | None = None
+
+    def note(self, what: str) -> str | None:
+        """One line for a fuzzy apply (None for an exact one)."""
+        if self.method != "patch":
+            return None
+        moved = "; ".join(self.fuzzy) or "no hunk moved"
+        return f"{what} applied by patch --fuzz=5 after git apply refused it ({_git_says(self.git_error)}): {moved}"
+
+
+_CORRUPT = ("corrupt patch", "malformed patch", "patch fragment without header", "No valid patches in input",
+            "unexpected end of file in patch", "only garbage was found")
+_HUNK_NOTE = re.compile(r"^Hunk #\d+ succeeded at \d+.*$", re.MULTILINE)
 
 
 class Evaluation(BaseModel):
@@ -33,6 +60,7 @@ class Evaluation(BaseModel):
     diff: str = ""
     error: str | None = None  # the test patch did not apply, the run timed out, ...
     infra: str | None = None  # set when the failure is the environment's (timeout, output cap), not the patch's
+    test_patch: PatchApply | None = None  # how the test patch went on (fuzzy, say)
     logs: dict[str, str] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict)
 
@@ -67,14 +95,53 @@ async def prepare(sb: Any, task: SWETask, logs: dict[str, str], layout: ImageLay
     return head
 
 
-async def apply_patch(sb: Any, patch: str, name: str, logs: dict[str, str], key: str, *, reverse: bool = False) -> ExecResult:
-    """`git apply`, falling back to `patch -p1` (fuzzier) when git refuses."""
+_GIT_NOISE = ("error: while searching for:",)
+_PATCH_SAYS = ("FAILED", "malformed", "can't find file", "garbage", "Reversed (or previously applied)", "No file to patch", "****")
+
+
+def _git_says(text: str | None) -> str:
+    """git apply's reason in a line: its `error:` lines (not the context dump)."""
+    lines = [x.strip() for x in (text or "").splitlines()]
+    errors = [x for x in lines if x.startswith("error:") and not x.startswith(_GIT_NOISE)]
+    return "; ".join(dict.fromkeys(errors[:3])) or next((x for x in reversed(lines) if x), "(no message)")
+
+
+def _patch_says(text: str) -> str:
+    """patch's reason in a line: the hunks it failed, or its last word."""
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    found = [x for x in lines if any(k in x for k in _PATCH_SAYS)]
+    return "; ".join(found[:3]) or (lines[-1] if lines else "(no message)")
+
+
+async def apply_patch(sb: Any, patch: str, name: str, logs: dict[str, str], key: str, *, reverse: bool = False) -> PatchApply:
+    """`git apply`; when git refuses a well-formed patch, `patch --fuzz=5 -p1` as SWE-bench's
+    harness does, first with --dry-run so that a patch that does not apply leaves the tree
+    as it was. A corrupt patch (one cut short, say) is never given to the fallback, which
+    would apply its first hunks and fuzz the torn one. The steps are logged under `key`."""
     path = f"{SCRATCH}/{name}.diff"
     await sb.write_file(path, patch if patch.endswith("\n") else patch + "\n")
-    r_git, r_patch = (" --reverse", " --reverse") if reverse else ("", "")
-    cmd = (f"git apply --verbose --whitespace=nowarn{r_git} {path} || "
-           f"(echo '[git apply failed; trying patch -p1]'; patch --batch --fuzz=5 --forward{r_patch} -p1 --no-backup-if-mismatch --reject-file=- -i {path})")
-    return await run_logged(sb, cmd, logs, key, timeout=120)
+    rev = " --reverse" if reverse else ""
+    r = await run_logged(sb, f"git apply --verbose --whitespace=nowarn{rev} {path}", logs, key, timeout=120)
+    if r.ok:
+        return PatchApply(ok=True, method="git", exit_code=r.exit_code)
+    said = (r.stderr + "\n" + r.stdout).strip()
+    torn = cut_short(patch)
+    if torn or any(c in said for c in _CORRUPT):
+        why = "; ".join(torn) if torn else _git_says(said)
+        return PatchApply(ok=False, git_error=said[-2000:], exit_code=r.exit_code,
+                          error=f"the patch is corrupt (cut short?): {why}; git apply: {_git_says(said)}; nothing was applied")
+    fuzz = f"patch --batch --fuzz=5 --forward{rev} -p1 --no-backup-if-mismatch --reject-file=- -i {path}"
+    dry = await run_logged(sb, f"{fuzz} --dry-run", logs, key, timeout=120)
+    if not dry.ok:
+        return PatchApply(ok=False, git_error=said[-2000:], exit_code=r.exit_code,
+                          error=f"git apply: {_git_says(said)}; patch --fuzz=5: {_patch_says(dry.stdout + dry.stderr)}; nothing was applied")
+    real = await run_logged(sb, fuzz, logs, key, timeout=120)
+    out = real.stdout + real.stderr
+    if not real.ok:  # the dry run passed: cannot happen unless the tree changed meanwhile
+        return PatchApply(ok=False, git_error=said[-2000:], exit_code=real.exit_code,
+                          error=f"patch --fuzz=5 applied part of the patch and then failed (exit {real.exit_code}): {_patch_says(out)}; "
+                                "see applied.diff for what it changed")
+    return PatchApply(ok=True, method="patch", fuzzy=_HUNK_NOTE.findall(out), git_error=said[-2000:], exit_code=real.exit_code)
 
 
 async def current_diff(sb: Any, base: str, logs: dict[str, str]) -> str:
@@ -121,9 +188,9 @@ async def evaluate(sb: Any, task: SWETask, logs: dict[str, str] | None = None, *
             ev.error = f"could not restore the test files to base_commit (exit {r.exit_code})"
             return ev
     if task.test_patch.strip():
-        r = await apply_patch(sb, task.test_patch, "test_patch", logs, "test_patch")
-        if not r.ok:
-            ev.error = f"the test patch does not apply (exit {r.exit_code}): {(r.stdout + r.stderr)[-400:]}"
+        applied = ev.test_patch = await apply_patch(sb, task.test_patch, "test_patch", logs, "test_patch")
+        if not applied.ok:
+            ev.error = f"the test patch does not apply: {applied.error}"
             return ev
     ev.timings["prepare_tests_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()

@@ -18,9 +18,14 @@ class Hunk:
     old_start: int
     old: list[str] = field(default_factory=list)  # context + removed lines, with their "\n"
     new: list[str] = field(default_factory=list)  # context + added lines
-    # While parsing: the header's line counts (old, new), and whether the last line was context.
-    _want: tuple[int, int] = field(default=(0, 0), repr=False, compare=False)
-    _ctx_last: bool = field(default=False, repr=False, compare=False)
+    old_len: int = 0  # the line counts its header gives
+    new_len: int = 0
+    ends_in_context: bool = False  # the last line read was a context line (for "\ No newline")
+
+    @property
+    def complete(self) -> bool:
+        """Every line the header promises is there (a patch cut off mid-hunk is not)."""
+        return len(self.old) >= self.old_len and len(self.new) >= self.new_len
 
 
 @dataclass
@@ -80,8 +85,7 @@ def parse_patch(text: str) -> list[FilePatch]:
             m = _HUNK.match(line)
             if not m or cur is None:
                 raise PatchError(f"bad hunk header: {line.strip()!r}")
-            hunk = Hunk(int(m.group(1)))
-            hunk._want = (int(m.group(2) or 1), int(m.group(4) or 1))
+            hunk = Hunk(int(m.group(1)), old_len=int(m.group(2) or 1), new_len=int(m.group(4) or 1))
             cur.hunks.append(hunk)
         elif hunk is not None and line.startswith("\\"):
             # "\ No newline at end of file": the previous line has no "\n".
@@ -94,27 +98,39 @@ def parse_patch(text: str) -> list[FilePatch]:
             if line[:1] in (" ", "\n"):
                 hunk.old.append(body)
                 hunk.new.append(body)
-                hunk._ctx_last = True
+                hunk.ends_in_context = True
                 last = hunk.old
             elif line[0] == "-":
                 hunk.old.append(body)
-                hunk._ctx_last = False
+                hunk.ends_in_context = False
                 last = hunk.old
             else:
                 hunk.new.append(body)
-                hunk._ctx_last = False
+                hunk.ends_in_context = False
                 last = hunk.new
         i += 1
     return files
 
 
 def _in_hunk(h: Hunk) -> bool:
-    want_old, want_new = getattr(h, "_want", (0, 0))
-    return len(h.old) < want_old or len(h.new) < want_new
+    return not h.complete
+
+
+def cut_short(text: str) -> list[str]:
+    """The hunks of a patch that end before their header says (a patch cut off), one line
+    each; a hunk header that cannot be read counts too."""
+    try:
+        files = parse_patch(text)
+    except PatchError as exc:
+        return [str(exc)]
+    return [
+        f"hunk {i} of {fp.path} has {len(h.old)} of its {h.old_len} old and {len(h.new)} of its {h.new_len} new lines"
+        for fp in files for i, h in enumerate(fp.hunks, 1) if not h.complete
+    ]
 
 
 def _was_context(h: Hunk) -> bool:
-    return bool(getattr(h, "_ctx_last", False))
+    return h.ends_in_context
 
 
 def apply_hunks(text: str, fp: FilePatch) -> str:

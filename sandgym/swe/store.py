@@ -1,17 +1,21 @@
-"""A SWE run directory, written as the run goes so that nothing is lost.
+"""A SWE run's folder: sandgym.run_folder's (meta.json, results.jsonl, summary.json; the
+same-run rule and resume of every sandgym run) plus a directory per instance:
 
-    DIR/run.json                      what was run (step, source, argv, started)
-    DIR/results.jsonl                 one summary line per finished instance, appended
-    DIR/<instance>/result.json        the instance's full result (no logs), written last
+    DIR/meta.json                     what was run (kind debug|validate, step, source, argv, started)
+    DIR/results.jsonl                 one line per finished instance (its result without the
+                                      per-test table and the diff), keyed by the instance's key
+    DIR/<instance>/result.json        the instance's full result (no logs)
     DIR/<instance>/<name>.log         setup, step (the patch-apply log), test_patch, tests, image, crash
     DIR/<instance>/applied.diff       the working tree against base_commit before the tests
     DIR/summary.json                  written at the end (and rebuilt on --resume)
 
-An instance is written the moment it finishes, before anything is rendered: files first,
-each through a temporary name and a rename, then `result.json`, then its line in
-results.jsonl (flushed and fsynced). A killed run leaves every finished instance whole on
-disk; `finished()` is what `--resume` skips. Validation runs key results as
-`<instance>/<step>-<k>`.
+An instance is written the moment it finishes, before anything is rendered: its files first,
+each whole or absent (temporary name, fsync, rename), then `result.json` the same way, then
+its line in results.jsonl (one write, fsynced within a second: sandgym.run_folder). The line
+is what makes it finished: a killed run leaves every finished instance whole on disk, and
+`--resume` skips exactly those (an instance whose line never made it is run again). An
+instance run again (`--retry-infra`) supersedes its earlier line.
+Validation runs key results as `<instance>/<step>-<k>`.
 """
 
 from __future__ import annotations
@@ -20,15 +24,15 @@ import hashlib
 import json
 import os
 import re
-import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from sandgym.run_folder import RESULTS, RunFolder, read_records, unit_key
+
 RESULT = "result.json"
-RESULTS = "results.jsonl"
-RUN = "run.json"
-SUMMARY = "summary.json"
+# What makes two SWE runs' results comparable (besides their kind, debug or validate).
+SWE_IDENTITY = ("step",)
 
 
 def safe_name(key: str) -> str:
@@ -43,73 +47,68 @@ def safe_name(key: str) -> str:
     return "/".join(parts)
 
 
-def _write(path: Path, data: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class RunStore:
+    """A SWE run's folder. `start` opens it (a fresh run, or `resume`); the reading methods
+    (`load`, `finished`) also work on a folder that is not open, e.g. after a run."""
+
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        self.folder: RunFolder | None = None
 
-    def start(self, meta: dict[str, Any], *, resume: bool = False) -> dict[str, Any]:
-        """Create the directory and run.json; on resume, check that the run is the same
-        kind (`meta["kind"]`, `meta["step"]`) and keep the first run.json."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        path = self.root / RUN
-        if path.exists():
-            prev = json.loads(path.read_text())
-            if not resume:
-                raise FileExistsError(f"{self.root} already holds a run; use --resume {self.root} to continue it")
-            for key in ("kind", "step"):
-                if prev.get(key) != meta.get(key):
-                    raise ValueError(f"{self.root} holds a run with {key}={prev.get(key)!r}, not {meta.get(key)!r}")
-            prev.setdefault("resumed", []).append(time.strftime("%Y-%m-%dT%H:%M:%S"))
-            _write(path, json.dumps(prev, indent=2) + "\n")
-            return prev
-        meta = {**meta, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        _write(path, json.dumps(meta, indent=2) + "\n")
-        return meta
+    def start(self, meta: Mapping[str, Any], *, resume: bool = False) -> dict[str, Any]:
+        """Open the folder for a run of `meta["kind"]` (debug, validate): a fresh one, or with
+        `resume` the one it holds (the same kind and step; sandgym.run_folder's rules)."""
+        self.folder = RunFolder(self.root, kind=str(meta["kind"]), identity=SWE_IDENTITY, key=unit_key)
+        return self.folder.open({k: v for k, v in meta.items() if k != "kind"}, resume=resume)
+
+    def _open(self) -> RunFolder:
+        if self.folder is None:
+            raise RuntimeError(f"the SWE run folder {self.root} is not open: call start()")
+        return self.folder
 
     def dir_for(self, key: str) -> Path:
         return self.root / safe_name(key)
 
-    def save(self, key: str, result: dict[str, Any], logs: dict[str, str], diff: str | None = None) -> Path:
+    def save(self, key: str, result: dict[str, Any], logs: Mapping[str, str], diff: str | None = None) -> Path:
+        folder = self._open()
         d = self.dir_for(key)
-        d.mkdir(parents=True, exist_ok=True)
         for name, text in logs.items():
-            _write(d / f"{safe_name(name)}.log", text)
+            folder.write_file(d / f"{safe_name(name)}.log", text)
         if diff is not None:
-            _write(d / "applied.diff", diff)
-        _write(d / RESULT, json.dumps(result, indent=2) + "\n")
-        line = json.dumps({"key": key, **{k: v for k, v in result.items() if k not in ("tests", "applied_diff")}})
-        with open(self.root / RESULTS, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+            folder.write_file(d / "applied.diff", diff)
+        folder.write_file(d / RESULT, json.dumps(result, indent=2) + "\n")
+        folder.append({"key": key, **{k: v for k, v in result.items() if k not in ("tests", "applied_diff")}}, replace=True)
         return d
 
+    def _recorded(self) -> set[Any]:
+        if self.folder is not None and self.folder.is_open:
+            return self.folder.done()
+        return set(read_records(self.root / RESULTS, unit_key)[0])
+
     def load(self, key: str) -> dict[str, Any] | None:
-        p = self.dir_for(key) / RESULT
-        if not p.exists():
-            return None
-        try:
-            return json.loads(p.read_text())
-        except json.JSONDecodeError:
-            return None  # cannot happen through save(); treat a damaged file as not finished
+        """The finished instance's full result (None: not finished)."""
+        return self.finished([key]).get(key)
 
     def finished(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The full results of the instances among `keys` that finished: recorded in
+        results.jsonl, with their result.json."""
+        recorded = self._recorded()
         out = {}
         for k in keys:
-            r = self.load(k)
-            if r is not None:
-                out[k] = r
+            if k not in recorded:
+                continue
+            try:
+                out[k] = json.loads((self.dir_for(k) / RESULT).read_text())
+            except (OSError, ValueError):
+                continue  # cannot happen through save(); treat a damaged file as not finished
         return out
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
-        _write(self.root / SUMMARY, json.dumps(summary, indent=2) + "\n")
-        return self.root / SUMMARY
+        return self._open().write_summary(summary)
+
+    def write_file(self, name: str, text: str) -> Path:
+        return self._open().write_file(name, text)
+
+    def close(self) -> None:
+        if self.folder is not None:
+            self.folder.close()

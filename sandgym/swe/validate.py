@@ -27,11 +27,6 @@ STEPS = ("gold_patch", "none")
 PASSING = ("passed", "xfail")
 
 
-def _constant(key: str) -> Callable[[SWETask], str]:
-    """A store key that names this run, whatever the task."""
-    return lambda _task: key
-
-
 class InstanceValidation(BaseModel):
     instance_id: str
     repo: str = ""
@@ -45,6 +40,7 @@ class InstanceValidation(BaseModel):
     f2p_passing_without_fix: list[str] = Field(default_factory=list)
     p2p_failing_without_fix: list[str] = Field(default_factory=list)
     gold_failing: list[str] = Field(default_factory=list)  # listed tests the gold patch did not pass
+    gold_errors: list[str] = Field(default_factory=list)  # why gold runs could not be graded (the patch does not apply, ...)
     flaky_listed: list[str] = Field(default_factory=list)  # FAIL_TO_PASS / PASS_TO_PASS ids whose outcome changed
     flaky_other: int = 0  # other reported tests whose outcome changed
     cold_s: float | None = None  # the run that built the image
@@ -73,6 +69,7 @@ def judge(task: SWETask, results: dict[str, list[dict[str, Any]]]) -> InstanceVa
     v.f2p_passing_without_fix = sorted({t for r in graded_empty for t, o in r.get("fail_to_pass", {}).items() if o in PASSING})
     v.p2p_failing_without_fix = sorted({t for r in graded_empty for t, o in r.get("pass_to_pass", {}).items() if o not in PASSING})
     v.gold_failing = sorted({t for r in gold if r.get("status") in ("resolved", "unresolved") for t in r.get("failing_tests", [])})
+    v.gold_errors = sorted({str(r["error"]).splitlines()[0][:400] for r in gold if r.get("status") == "error" and r.get("error")})
     listed = set(task.FAIL_TO_PASS) | set(task.PASS_TO_PASS)
     flaky: set[str] = set()
     for runs in (gold, empty):
@@ -94,8 +91,8 @@ def judge(task: SWETask, results: dict[str, list[dict[str, Any]]]) -> InstanceVa
     if v.errors:
         v.problems.append(f"{v.errors} run(s) could not be graded")
     if v.gold_resolved < len(gold):
-        v.problems.append(f"gold resolved {v.gold_resolved}/{len(gold)} runs"
-                          + (f" (failing: {', '.join(v.gold_failing[:5])})" if v.gold_failing else ""))
+        why = v.gold_errors[:2] + ([f"failing: {', '.join(v.gold_failing[:5])}"] if v.gold_failing else [])
+        v.problems.append(f"gold resolved {v.gold_resolved}/{len(gold)} runs" + (f" ({'; '.join(why)})" if why else ""))
     if v.empty_resolved:
         v.problems.append(f"the empty patch resolved {v.empty_resolved}/{len(empty)} runs")
     if v.f2p_passing_without_fix:
@@ -110,6 +107,11 @@ def judge(task: SWETask, results: dict[str, list[dict[str, Any]]]) -> InstanceVa
 
 def run_key(task: SWETask, step: str, k: int) -> str:
     return f"{task.instance_id}/{step}-{k}"
+
+
+def _fixed_key(key: str) -> Callable[[SWETask], str]:
+    """A debug runner's key function that stores its one run under `key`."""
+    return lambda _task: key
 
 
 class Validator:
@@ -136,7 +138,7 @@ class Validator:
                         done = self.store.load(key)
                         if done is None:
                             runner = SWEDebugRunner(self.manager, step=step, builder=self.builder, store=self.store,
-                                                    progress=self.progress, key=_constant(key), **self.runner_kw)
+                                                    progress=self.progress, key=_fixed_key(key), **self.runner_kw)
                             res: InstanceResult = await runner.run_one(task)
                             done = res.record()
                         results[step].append(done)

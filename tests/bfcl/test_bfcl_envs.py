@@ -16,7 +16,7 @@ pytest.importorskip("bfcl_eval", reason="bfcl-eval is not installed (scripts/boo
 
 from sandgym import envs
 from sandgym.bfcl import data
-from sandgym.bfcl.export import bfcl_evaluate, compare, export_results, is_partial, load_records, sandgym_accuracy
+from sandgym.bfcl.export import bfcl_evaluate, compare, export_results, is_partial, load_records
 from sandgym.bfcl.imperfect import ImperfectOracle
 from sandgym.core.clients import ModelResponse
 from sandgym.core.evaluation import run_eval
@@ -134,7 +134,7 @@ async def test_sandgym_and_bfcl_evaluate_agree_per_category(tmp_path: Path) -> N
     records = load_records(runs)
     counts = export_results(records, tmp_path / "bfcl")
     ev = await bfcl_evaluate(tmp_path / "bfcl", list(counts), partial=is_partial(counts))
-    rows = compare(sandgym_accuracy(records), ev.scores)
+    rows = compare(records, ev)
     assert [r["category"] for r in rows] == list(data.SINGLE_TURN_CATEGORIES + data.MULTI_TURN_CATEGORIES)
     assert all(r["agree"] for r in rows), rows
     # The policy is neither always right nor always wrong, so agreeing means something.

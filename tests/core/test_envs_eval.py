@@ -18,10 +18,11 @@ from sandgym import envs
 from sandgym.core.clients import OpenAIClient
 from sandgym.core.env_group import EnvGroup
 from sandgym.core.environment import SingleTurnEnv
-from sandgym.core.evaluation import RecordLog, run_eval
+from sandgym.core.evaluation import run_eval
 from sandgym.core.policies import get_policy
 from sandgym.core.rubric import Rubric
 from sandgym.core.testing import MockOpenAIServer, Reply
+from sandgym.run_folder import RecordLog
 from sandgym.sandboxes.registry import get_provider
 from sandgym.sandboxes.spec import LABEL_PID
 from tests.conftest import require_docker
@@ -187,7 +188,7 @@ def test_cli_eval_with_a_model_records_tokens_and_prints_json_last(tmp_path: Pat
         [sys.executable, "-m", "sandgym", "eval", "humaneval", "--policy", "null", "--resume", str(tmp_path / "run")],
         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"},
     )
-    assert again.returncode != 0 and "holds a run of 'tool_use'" in again.stderr
+    assert again.returncode == 2 and "holds another run (env: 'tool_use', now 'humaneval')" in again.stderr, again.stderr
 
 
 async def test_resume_refuses_a_folder_holding_another_runs_records(tmp_path: Path) -> None:

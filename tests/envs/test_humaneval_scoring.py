@@ -4,6 +4,7 @@ the pool sized by what scoring can use, and batch scoring (one exec_many per san
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,29 @@ async def test_oracle_and_null_with_reuse_and_batching(batch: bool, tmp_path: Pa
                          num_examples=n, concurrency=4, provider="docker")
     assert good["num_rollouts"] == n and good["reward_mean"] == 1.0 and good["errors"] == 0
     assert bad["num_rollouts"] == n and bad["reward_mean"] == 0.0 and bad["errors"] == 0
+
+
+LOOP = "def f():\n    while True:\n        pass\n"
+
+
+async def test_a_loop_in_the_code_fails_at_the_cpu_limit() -> None:
+    """The policy's own loop is its failure: the CPU limit ends it, a 0, no error."""
+    require_docker()
+    async with SandboxManager("docker", max_sandboxes=1) as mgr:
+        assert await run_tests(LOOP, INFO, sandboxes=mgr, spec=SPEC, cpu_s=1) is False
+
+
+async def test_a_scorer_too_slow_to_decide_is_an_infra_failure_not_a_zero(tmp_path: Path) -> None:
+    """A real slow scorer: the sandbox gets 1% of a CPU, so Python cannot even start within
+    the tests' 1 s wall-clock limit, although the reference solution is right. The rollout
+    is an infrastructure failure (error_kind timeout, with why), out of reward_mean, never a
+    0 for the policy."""
+    require_docker()
+    starved = SandboxSpec(cpu=0.01, memory_mb=512, disk_mb=64, ttl_s=600)
+    env = envs.load_environment("humaneval", sandbox_spec=starved, test_timeout_s=1.0, reuse_sandboxes=False)
+    s = await run_eval(env, get_policy("oracle", env), "oracle", output_dir=tmp_path / "run", num_examples=2,
+                       concurrency=2, provider="docker")
+    assert s["errors"] == 2 and s["error_kinds"] == {"timeout": 2} and s["reward_mean"] is None, s
+    for rec in map(json.loads, (tmp_path / "run" / "results.jsonl").read_text().splitlines()):
+        assert rec["error_kind"] == "timeout" and "ScoringTimeout" in rec["error"] and "too loaded to decide" in rec["error"], rec["error"]
+        assert rec["metrics"]["passes_tests_error"] == 1.0

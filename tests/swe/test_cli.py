@@ -81,7 +81,7 @@ def test_validate_flags_the_broken_task(bundled_dir: Path, tmp_path: Path) -> No
     for k in (1, 2):  # every run on disk, keyed instance/step-k
         for step in ("gold_patch", "none"):
             assert (out / "statskit__median-even" / f"{step}-{k}" / "result.json").exists()
-    assert json.loads((out / "validation.json").read_text())["valid"] == 1
+    assert json.loads((out / "summary.json").read_text())["valid"] == 1
     # Resumed: nothing runs again, the verdicts are the same.
     proc = _swe("validate", str(bundled_dir / "tasks.jsonl"), "-i", "statskit__median-even",
                 "-i", "romanize__subtractive-broken-gold", "--runs", "2", "--resume", str(out), "--json")

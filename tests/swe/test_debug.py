@@ -42,7 +42,7 @@ async def test_gold_patch_resolves_good_tasks_and_reports_the_broken_one(bundled
     summ = summary(list(results.values()), "gold_patch")
     assert summ["resolved"] == 4 and summ["unresolved"] == 1 and summ["errors"] == 0
     assert summ["not_resolved"] == [{"instance_id": "romanize__subtractive-broken-gold", "status": "unresolved",
-                                     "failing_tests": ["tests/test_roman.py::test_subtractive_tens"], "error": None}]
+                                     "failing_tests": ["tests/test_roman.py::test_subtractive_tens"], "error": None, "fuzzy": []}]
 
 
 async def test_step_none_resolves_nothing(bundled: dict[str, SWETask]) -> None:
@@ -82,8 +82,9 @@ async def test_command_and_script_steps(bundled: dict[str, SWETask]) -> None:
 async def test_gold_patch_that_does_not_apply(bundled: dict[str, SWETask]) -> None:
     task = bundled["slugger__collapse-runs"].model_copy(update={"patch": bundled["statskit__median-even"].patch})
     (r,) = await _run([task], "gold_patch")
-    assert not r.resolved and r.status == "unresolved"
-    assert r.error and r.error.startswith("the gold patch does not apply")
+    # SWE-bench's behavior: an error with git's message, and no test run.
+    assert not r.resolved and r.status == "error" and not r.tests and "tests" not in r.logs
+    assert r.error and r.error.startswith("the gold patch does not apply: git apply: error:"), r.error
 
 
 async def test_tests_cannot_be_changed_by_the_step(bundled: dict[str, SWETask]) -> None:

@@ -257,7 +257,7 @@ def test_cli_prebuilt_empty_patch_auto_fallback_and_pull_failures(
     inst = _instances(proc)[IID]
     assert inst["status"] == "unresolved" and inst["image_source"] == "prebuilt"
     assert inst["fail_to_pass"] == dict.fromkeys(F2P, "failed")
-    assert json.loads((tmp_path / "empty" / "run.json").read_text())["registry"] == registry
+    assert json.loads((tmp_path / "empty" / "meta.json").read_text())["registry"] == registry
 
     # auto: the pushed row runs prebuilt; a bundled row the registry lacks is built here; a
     # row neither the registry nor a repository can give is an infra failure naming both.
