@@ -27,6 +27,13 @@ PINS: tuple[Pin, ...] = (
         "it, so PASS_TO_PASS tests fail with AttributeError (seen: pydicom__pydicom-1413, 2 tests)",
         "pytest 8.0.0 changelog (2024-01-27): nose support removed, deprecated since 7.2; the instances were "
         "validated with pytest 7, and pydicom 2.4 (no nose-style setup left) is not pinned"),
+    Pin("sphinx-doc/sphinx", tuple(f"{m}.{n}" for m, ns in ((1, range(5, 9)), (2, range(0, 5)), (3, range(0, 6))) for n in ns),
+        "docutils<0.22",
+        "Sphinx up to 3.5 asks for `docutils>=0.12` with no upper bound, and its LaTeX writer imports "
+        "`docutils.utils.roman` (else the `roman` package, which nothing installs); docutils 0.22 and later have no "
+        "such module, so every test importing the LaTeX writer fails. Sphinx 4.0 bounds docutils (<0.18) itself",
+        "docutils 0.22 release notes (2025-07-29): `docutils.utils.roman` removed, now `docutils.utils._roman_numerals`; "
+        "SWE-bench's images (2024) had docutils 0.21.2, the last release with it"),
 )
 
 
