@@ -78,10 +78,11 @@ CONSTRAINTS_PATH = "/opt/task/constraints.txt"
 # the pip of early 2024, when SWE-bench's harness images were built.
 VENV_PIP = "pip==24.0"
 # What SWE-bench's base image installs besides Python (swebench 4.1's `_DOCKERFILE_BASE_PY`:
-# build-essential, libffi-dev, libtiff-dev, jq, curl, wget, tzdata, ...): install steps compile
-# C extensions (astropy, scikit-learn; django's requirements build pywatchman from source).
+# build-essential, libffi-dev, libtiff-dev, jq, curl, wget, tzdata, ...), and the headers its
+# conda Python has (python3-dev here): install steps compile C extensions (astropy,
+# scikit-learn; django's requirements build pywatchman from source).
 # One layer per base image, shared by every env image built FROM it.
-BUILD_PACKAGES = ("build-essential", "libffi-dev", "libtiff-dev", "jq", "curl", "wget", "tzdata")
+BUILD_PACKAGES = ("build-essential", "python3-dev", "libffi-dev", "libtiff-dev", "jq", "curl", "wget", "tzdata")
 LABEL_KIND = "sandgym.swe.kind"
 LABEL_HASH = "sandgym.swe.hash"
 LABEL_REPO = "sandgym.swe.repo"

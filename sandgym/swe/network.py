@@ -99,14 +99,14 @@ def network_failures(log: str, failing: Iterable[str]) -> dict[str, str]:
             summary[m.group(1)] = m.group(2)
     found: dict[str, str] = {}
     for test in failing:
-        hit = signature_in(summary.get(test, ""))
-        if hit is None:
-            names = _names(test)
-            for header, body in sections:
-                if header in names or header.split(" (", 1)[0] in names or any(header.endswith(f":{n}") for n in names):
-                    hit = signature_in(body)
-                    if hit:
-                        break
+        hit = None
+        names = _names(test)
+        for header, body in sections:  # the section first: the summary line may be cut short
+            if header in names or header.split(" (", 1)[0] in names or any(header.endswith(f":{n}") for n in names):
+                hit = signature_in(body)
+                if hit:
+                    break
+        hit = hit or signature_in(summary.get(test, ""))
         if hit:
             found[test] = hit
     return found
