@@ -15,7 +15,8 @@ env; here the env is a venv on a Debian base with that Python, so a spec becomes
 - `pip_packages` -> pip; `pre_install`, `install`, `eval_commands`, `test_cmd` as they are;
 - `log_parser` -> `swebench` (the repo's parser in `MAP_REPO_TO_PARSER`);
 - pins for what drifted since SWE-bench built its images (sandgym.swe.pins), as pip
-  constraints, each noted in `recipe.notes` with why and where it comes from.
+  constraints, and swaps of conda builds PyPI has no wheel of, each noted in `recipe.notes`
+  with why and where it comes from.
 
 A user recipes file (JSON or TOML) maps `owner/name` to `{version or "*": recipe}` for
 repositories no spec covers (SWE-Gym, SWE-smith) or to override one.
@@ -34,7 +35,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .pins import pins_for
+from .pins import pins_for, swaps_for
 from .tasks import MissingRepository, Recipe, RecipeError, SWETask
 
 SWEBENCH_HINT = "pip install 'sandgym[swe]' (the swebench package, 4.x: its specs and log parsers)"
@@ -155,10 +156,15 @@ def recipe_from_spec(task: SWETask, repo: Path | None, *, env: bool = True) -> R
     elif packages:
         pip += conda_to_pip(packages)
     pip += list(spec.get("pip_packages", []))
+    notes = []
+    for swap in swaps_for(task.repo, task.version, str(spec["python"])):
+        if swap.old in pip:
+            pip = [swap.new if x == swap.old else x for x in pip]
+            notes.append(f"{swap.old} -> {swap.new}: {swap.why} (source: {swap.source})")
     install = [c.MAP_REPO_TO_INSTALL[task.repo]] if c.MAP_REPO_TO_INSTALL.get(task.repo) else []
     if spec.get("install"):
         install.append(spec["install"])
-    constraints, notes = [], []
+    constraints = []
     for pin in pins_for(task.repo, task.version):
         constraints.append(pin.requirement)
         notes.append(f"{pin.requirement}: {pin.why} (source: {pin.source})")
