@@ -29,9 +29,10 @@ from sandgym.core.state import Message, State
 from sandgym.core.tools import tool_call
 from sandgym.sandboxes.errors import SandboxFileNotFound
 
-from .debug import network_policy, task_spec
+from .debug import network_error, network_policy, task_spec
 from .evaluate import evaluate, prepare
 from .images import BUILT_LAYOUT, ImageLayout, TaskImageBuilder
+from .network import network_failures
 from .patches import PatchError, apply_hunks, parse_patch
 from .prebuilt import PREBUILT_LAYOUT, PrebuiltImages
 from .tasks import TESTBED, SWETask, load_tasks
@@ -106,6 +107,7 @@ class SWEAgentEnv(SandboxEnv):
         sb = await self.require_sandboxes().acquire(spec)
         state.scratch["sandbox"] = sb
         state.scratch["swe_layout"] = layout
+        state.scratch["swe_egress"] = egress is not None
         state.sandbox_id = sb.id
         state.info["image"] = image
         state.info["image_source"] = layout.source
@@ -220,6 +222,12 @@ class SWEAgentEnv(SandboxEnv):
             raise ScoringTimeout(f"the tests of {task.instance_id} did not decide: {ev.error}")
         if ev.infra is not None or rep is None:
             raise RuntimeError(f"the tests of {task.instance_id} did not decide: {ev.error}")
+        if not rep.resolved:
+            # Tests that failed only for want of a network say nothing of the policy's fix.
+            net = network_failures(logs.get("tests", ""), rep.failing)
+            state.info["swe"]["network_tests"] = net
+            if net and set(rep.failing) <= set(net):
+                raise RuntimeError(f"the tests of {task.instance_id} did not decide: {network_error(net, sandbox_had_network(state))}")
         return 1.0 if rep.resolved else 0.0
 
     def fail_to_pass_rate(self, state: State) -> float:
@@ -286,6 +294,10 @@ async def _read(sandbox: Any, p: str, *, strict: bool = False) -> str:
         return data.decode("utf-8", errors="strict" if strict else "replace")
     except UnicodeDecodeError:
         raise ValueError(f"{p} is not UTF-8 text; edit it with bash") from None
+
+
+def sandbox_had_network(state: State) -> bool:
+    return bool(state.scratch.get("swe_egress"))
 
 
 def _rate(d: dict[str, str]) -> float:
