@@ -141,3 +141,21 @@ def test_validate_says_needs_network(tmp_path: Path) -> None:
     assert inst["verdict"] == "needs_network" and inst["network_tests"] == net and inst["network"] == 1, inst
     assert summ["needs_network"] == [{"instance_id": "local__net-val", "tests": net}] and summ["invalid"] == []
     assert "0/1 valid, 1 need the network" in " ".join(proc.stderr.split())
+
+
+@pytest.mark.anyio
+async def test_agentic_fix_whose_only_failures_need_the_network_is_undecided(tmp_path: Path) -> None:
+    """swe_agent: the oracle's fix is right, and only the tests that reach out fail; the
+    rollout is an infra failure of scoring naming them, not a reward of 0."""
+    require_docker()
+    from sandgym.core.policies import get_policy
+    from sandgym.swe.agentic import SWEAgentEnv
+
+    net = ["tests/test_v.py::test_reach_out"]
+    row = _row(tmp_path, "local__net-agent", tox=False, p2p=["tests/test_v.py::test_keep", *net])
+    env = SWEAgentEnv([SWETask.model_validate(row)])
+    async with env.sandbox_session("docker", max_sandboxes=1) as mgr:
+        (state,) = await env.generate(get_policy("oracle", env), "oracle", max_concurrent=1, split="eval")
+    assert mgr.live == 0
+    assert state.error is not None and "need the network" in state.error and net[0] in state.error, state.error
+    assert state.error_kind == "scoring" and state.info["swe"]["network_tests"].keys() == set(net)
