@@ -4,7 +4,8 @@ Two layers, FROM the recipe's base image (sandgym/python:<X.Y> for its Python ve
 built from Debian with `sandgym images build --python X.Y`; no registry):
 
 - env image `sandgym-swe/env:<hash>`: the build tools SWE-bench's base image has (a C
-  compiler, `BUILD_PACKAGES`), a venv at /opt/task/venv with the recipe's pip
+  compiler, `BUILD_PACKAGES`), a venv at /opt/task/venv (pip and wheel, as a conda env
+  has them) with the recipe's pip
   packages and requirements (under its constraints); shared by every task with the same
   (python, base image, pip, requirements, constraints).
 - instance image `sandgym-swe/<repo>:<hash>`: the repository at `base_commit` at /testbed,
@@ -77,6 +78,9 @@ CONSTRAINTS_PATH = "/opt/task/constraints.txt"
 # The venv's own pip: Debian bullseye's (20.3) cannot install PEP 660 editables; 24.0 is
 # the pip of early 2024, when SWE-bench's harness images were built.
 VENV_PIP = "pip==24.0"
+# A conda env (SWE-bench's) comes with setuptools and wheel; pip's legacy `--no-use-pep517`
+# installs (scikit-learn's spec) refuse to run without wheel. 0.43.0: the wheel of early 2024.
+VENV_WHEEL = "wheel==0.43.0"
 # What SWE-bench's base image installs besides Python (swebench 4.1's `_DOCKERFILE_BASE_PY`:
 # build-essential, libffi-dev, libtiff-dev, jq, curl, wget, tzdata, ...), and the headers its
 # conda Python has (python3-dev here): install steps compile C extensions (astropy,
@@ -191,7 +195,7 @@ def env_dockerfile(recipe: Recipe, *, with_ca: bool) -> str:
          + " ".join(BUILD_PACKAGES) + " && rm -rf /var/lib/apt/lists/*"),
         # The sandbox user owns nothing in the image; git must still accept the copied repo.
         "RUN git config --system --add safe.directory '*'",
-        f"RUN python3 -m venv {VENV} && {VENV}/bin/python -m pip install -q {shlex.quote(VENV_PIP)}",
+        f"RUN python3 -m venv {VENV} && {VENV}/bin/python -m pip install -q {shlex.quote(VENV_PIP)} {shlex.quote(VENV_WHEEL)}",
         f"COPY constraints.txt {CONSTRAINTS_PATH}",
         f"ARG PIP_CONSTRAINT={CONSTRAINTS_PATH}",
     ]
@@ -319,7 +323,8 @@ class TaskImageBuilder:
     # ---- naming ----------------------------------------------------------------------
 
     def env_tag(self, recipe: Recipe) -> tuple[str, str]:
-        h = _sha({"v": RECIPE_VERSION, "kind": "env", "pip_self": VENV_PIP, **recipe.env_hash_material()})
+        h = _sha({"v": RECIPE_VERSION, "kind": "env", "pip_self": VENV_PIP, "wheel": VENV_WHEEL,
+                  "build_packages": list(BUILD_PACKAGES), **recipe.env_hash_material()})
         py = re.sub(r"[^0-9.]", "", recipe.python) or "x"
         return f"sandgym-swe/env:py{py}-{h[:16]}", h
 
