@@ -49,7 +49,11 @@ def _load(tasks: str, instance: list[str] | None, split: str, instances: str | N
     except KeyError as exc:  # KeyError's str() quotes its message
         raise UserError(f"cannot load tasks from {tasks}: {exc.args[0] if exc.args else exc}") from exc
     except (OSError, ValueError) as exc:
-        raise UserError(f"cannot load tasks from {tasks}: {exc}") from exc
+        hint = ""
+        if tasks not in ("bundled", "bundled-good") and not Path(tasks).exists():
+            hint = ("; a name that is not a local file or directory is loaded through `datasets` from the Hugging Face hub "
+                    "(or its cache, with HF_HUB_OFFLINE=1); offline, give a JSONL file or a dataset directory")
+        raise UserError(f"cannot load tasks from {tasks}: {exc}{hint}") from exc
     if not task_list:
         raise UserError(f"no tasks in {tasks}" + (f" with instance ids {', '.join(wanted)}" if wanted else ""))
     return task_list
