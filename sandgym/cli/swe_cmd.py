@@ -145,7 +145,7 @@ def _render_validation(vals: list[Any]) -> None:
                       Text(f"{v.gold_resolved}/{v.runs}", style="green" if v.gold_resolved == v.runs else "red"),
                       Text(f"{v.empty_resolved}/{v.runs}", style="green" if v.empty_resolved == 0 else "red"),
                       Text(flaky, style="red" if v.flaky_listed else ""), sec(v.cold_s), sec(v.gold_warm_s), sec(v.empty_warm_s),
-                      Text(v.verdict, style={"valid": "green", "needs_network": "yellow"}.get(v.verdict, "red")))
+                      Text(v.verdict, style={"valid": "green", "needs_network": "yellow", "not_run": "yellow"}.get(v.verdict, "red")))
     console.print(table)
 
 
@@ -327,9 +327,10 @@ def register(app: typer.Typer) -> None:
         _render_validation(vals)
         for v in vals:
             if v.verdict != "valid":
-                style = "yellow" if v.verdict == "needs_network" else "red"
+                style = "yellow" if v.verdict in ("needs_network", "not_run") else "red"
                 console.print(Text(f"  {v.instance_id} ({v.verdict}): {'; '.join(v.problems)}", style=style), soft_wrap=True)
         net = f", {len(summ['needs_network'])} need the network" if summ["needs_network"] else ""
+        net += f", {len(summ['not_run'])} could not be run here" if summ["not_run"] else ""
         console.print(Text(f"{summ['valid']}/{summ['total']} valid{net}; {summ['wall_s']:.1f}s; results in {run_dir}"), soft_wrap=True)
         if as_json:
             sys.stdout.write(json.dumps(summ, indent=2) + "\n")

@@ -12,6 +12,9 @@ side by side: the first run builds the image (cold seconds), the later ones reus
 Tests that fail only because the sandbox has no network (sandgym.swe.network) are not the
 task's fault: an instance whose only problems are those gets the verdict `needs_network`
 (with the tests named), not `invalid`; with a network (--network-allow) it can be validated.
+An instance none of whose runs got as far as a sandbox (no recipe this machine can build,
+the image build or the repository failed) says nothing about the task either: `not_run`,
+with the reason.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ class InstanceValidation(BaseModel):
     cold_step: str | None = None  # which step that run was
     gold_warm_s: float | None = None  # mean of gold runs on a reused image
     empty_warm_s: float | None = None
-    verdict: str = "invalid"  # valid | needs_network | invalid
+    verdict: str = "invalid"  # valid | needs_network | not_run | invalid
     problems: list[str] = Field(default_factory=list)
 
 
@@ -112,7 +115,12 @@ def judge(task: SWETask, results: dict[str, list[dict[str, Any]]]) -> InstanceVa
         v.problems.append(f"{len(v.p2p_failing_without_fix)} PASS_TO_PASS test(s) fail without the fix")
     if v.flaky_listed:
         v.problems.append(f"{len(v.flaky_listed)} listed test(s) changed outcome between runs")
-    if v.problems or not (gold and empty):
+    reached = [r for r in every if "sandbox_s" in (r.get("timings") or {})]
+    if every and not reached:
+        v.verdict = "not_run"
+        first = next((str(r["error"]).splitlines()[0][:400] for r in every if r.get("error")), "no run got a sandbox")
+        v.problems = [f"no run got as far as a sandbox: {first}"]
+    elif v.problems or not (gold and empty):
         v.verdict = "invalid"
     elif v.network:
         v.verdict = "needs_network"
@@ -173,6 +181,7 @@ def validation_summary(vals: Sequence[InstanceValidation], runs: int, wall_s: fl
         "kind": "validate", "runs": runs, "total": len(vals),
         "valid": sum(v.verdict == "valid" for v in vals),
         "needs_network": [{"instance_id": v.instance_id, "tests": v.network_tests} for v in vals if v.verdict == "needs_network"],
+        "not_run": [{"instance_id": v.instance_id, "problems": v.problems} for v in vals if v.verdict == "not_run"],
         "invalid": [{"instance_id": v.instance_id, "problems": v.problems} for v in vals if v.verdict == "invalid"],
         "instances": [v.model_dump() for v in vals],
     }
