@@ -180,14 +180,15 @@ class JsonlIndex:
 
     def _save(self) -> None:
         with self._lock:
-            doc = {
-                "format": FORMAT, "extractor": self.name, "inode": self._inode, "done": self.done,
+            done = self.done
+            doc: dict[str, Any] = {
+                "format": FORMAT, "extractor": self.name, "inode": self._inode, "done": done,
                 "offsets": list(self.offsets), "ends": list(self.ends), "rows": list(self.rows),
             }
         try:
             with open(self.path, "rb") as f:
-                doc["head"] = _probe(f, 0, min(PROBE, doc["done"]))
-                doc["tail"] = _probe(f, doc["done"] - PROBE, doc["done"])
+                doc["head"] = _probe(f, 0, min(PROBE, done))
+                doc["tail"] = _probe(f, done - PROBE, done)
             tmp = self.index_path.with_name(self.index_path.name + f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(doc, separators=(",", ":")))
             os.replace(tmp, self.index_path)

@@ -565,15 +565,15 @@ class TrainRun:
         return {"since": since, "steps": steps[max(0, since):], "count": len(steps)}
 
 
-def classify(run_id: str, path: Path) -> Run | None:
-    """The run a folder holds, by its marker files; None when it is not a run folder."""
+def kind_of(path: Path) -> type[EvalRun] | type[SWERun] | type[TrainRun] | None:
+    """Which run a folder holds, by its marker files; None when it is not a run folder."""
     if (path / SWE_RUN).is_file():
-        return SWERun(run_id, path)
+        return SWERun
     if (path / META).is_file() or (path / RESULTS).is_file():
         env = str((_read_json(path / META) or {}).get("env") or "")
-        return BFCLRun(run_id, path) if env.startswith("bfcl_") else EvalRun(run_id, path)
+        return BFCLRun if env.startswith("bfcl_") else EvalRun
     if (path / METRICS).is_file():
-        return TrainRun(run_id, path)
+        return TrainRun
     return None
 
 
@@ -589,23 +589,21 @@ class Registry:
     def scan(self) -> list[Run]:
         found: dict[str, Run] = {}
         for i, root in enumerate(self.roots):
-            for path in self._walk(root):
+            for path, kind in self._walk(root):
                 rel = path.relative_to(root).as_posix()
                 rid = str(i) if rel == "." else f"{i}/{rel}"
                 run = self.runs.get(rid)
-                if run is None or type(run) is not type(classify(rid, path)):
-                    run = classify(rid, path)
-                if run is not None:
-                    found[rid] = run
+                found[rid] = run if run is not None and type(run) is kind else kind(rid, path)
         self.runs = found
         return list(found.values())
 
-    def _walk(self, root: Path) -> Iterable[Path]:
+    def _walk(self, root: Path) -> Iterable[tuple[Path, Any]]:
         stack = [(root, 0)]
         while stack:
             path, depth = stack.pop()
-            if classify("", path) is not None:
-                yield path
+            kind = kind_of(path)
+            if kind is not None:
+                yield path, kind
                 continue  # a run's own folders (instances, checkpoints) are not runs
             if depth >= WALK_DEPTH:
                 continue

@@ -34,7 +34,7 @@ export function ComparePage({ a, b, params }) {
       <thead><tr><th>example</th><th>reward A</th><th>reward B</th><th>delta</th><th>flip</th></tr></thead>
       <tbody>${rows.map((r) => html`<tr key=${r.example_id} class=${r.flip || ""} data-example=${r.example_id}>
         <td class="num">${r.example_id}</td><${Side} run=${a} s=${r.a} /><${Side} run=${b} s=${r.b} />
-        <td class="num">${r.delta === null ? "–" : (r.delta > 0 ? "+" : "") + fmt(r.delta)}</td>
+        <td class="num">${r.delta === null ? "–" : (r.delta > 0 ? "+" : "") + score(r.delta)}</td>
         <td>${r.flip && html`<${Badge} tone=${r.flip === "gained" ? "ok" : "bad"}>${r.flip}<//>`}</td></tr>`)}</tbody>
     </table>
   </section>`;

@@ -47,6 +47,6 @@ function BFCLCategories({ run, rows }) {
       <tbody>${rows.map((c) => html`<tr key=${c.category}>
         <td><a href=${link(["run", run], { category: c.category })}>${c.category}</a></td>
         <td class="num">${c.entries}</td><td class="num">${c.correct}</td>
-        <td class="num">${fmt(c.accuracy)}</td><td class="num">${c.errors}</td></tr>`)}</tbody>
+        <td class="num">${score(c.accuracy)}</td><td class="num">${c.errors}</td></tr>`)}</tbody>
     </table>`;
 }
