@@ -120,7 +120,7 @@ def create_app(roots: list[Path], *, token: str | None = None, hosts: set[str] |
     @app.get("/api/runs")
     def runs() -> dict[str, Any]:
         found = viewer.registry.scan()
-        return {"roots": [str(r) for r in viewer.registry.roots], "runs": [r.card() for r in sorted(found, key=lambda r: r.id)]}
+        return {"roots": viewer.registry.names, "runs": [r.card() for r in sorted(found, key=lambda r: r.id)]}
 
     @app.get("/api/run")
     def run(id: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 INDEX_SUFFIX = ".index"
-FORMAT = 1
+FORMAT = 2
 CHUNK = 8 << 20
 PROBE = 4096  # bytes hashed at the start and before the indexed end
 SAVE_EVERY_LINES = 20_000
@@ -109,16 +109,12 @@ class JsonlIndex:
         except FileNotFoundError:
             return
         with self._lock:
-            if not self._loaded:
-                self._loaded = True
-                self._load_saved(st)
-            if self._inode is not None and (st.st_ino != self._inode or st.st_size < self.done):
+            replaced = self._inode is not None and (st.st_ino != self._inode or st.st_size < self.done)
+            if self._loaded and replaced and not self.building:
                 self._reset()  # replaced or cut: start over
-            self._inode = st.st_ino
             self.size = st.st_size
-            start = (st.st_size > self.done) and not self.building
-            if start:
-                self._thread = threading.Thread(target=self._build, name=f"index {self.path}", daemon=True)
+            if (not self._loaded or st.st_size > self.done) and not self.building:
+                self._thread = threading.Thread(target=self._build, args=(st,), name=f"index {self.path}", daemon=True)
                 self._thread.start()
             thread = self._thread
         if thread is not None and (wait_s is None or wait_s > 0):
@@ -127,7 +123,11 @@ class JsonlIndex:
     def _reset(self) -> None:
         self.offsets, self.ends, self.rows, self.done = [], [], [], 0
 
-    def _build(self) -> None:
+    def _build(self, st: os.stat_result) -> None:
+        if not self._loaded:
+            self._loaded = True
+            self._load_saved(st)
+        self._inode = st.st_ino
         try:
             self._scan()
         except Exception as exc:  # a read error must not kill the server; say it
@@ -180,11 +180,12 @@ class JsonlIndex:
 
     def _save(self) -> None:
         with self._lock:
-            done = self.done
-            doc: dict[str, Any] = {
-                "format": FORMAT, "extractor": self.name, "inode": self._inode, "done": done,
-                "offsets": list(self.offsets), "ends": list(self.ends), "rows": list(self.rows),
-            }
+            done, rows = self.done, list(self.rows)
+            doc: dict[str, Any] = {"format": FORMAT, "extractor": self.name, "inode": self._inode, "done": done,
+                                   "offsets": list(self.offsets), "ends": list(self.ends)}
+        # Columnar: the keys once, then each row's values in their order.
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        doc["keys"], doc["values"] = keys, [[r.get(k) for k in keys] for r in rows]
         try:
             with open(self.path, "rb") as f:
                 doc["head"] = _probe(f, 0, min(PROBE, done))
@@ -197,6 +198,7 @@ class JsonlIndex:
             self.persist = False
 
     def _load_saved(self, st: os.stat_result) -> None:
+        """The saved index when it still describes the file (else nothing: build anew)."""
         if not self.persist or not self.index_path.is_file():
             return
         try:
@@ -209,9 +211,11 @@ class JsonlIndex:
             with open(self.path, "rb") as f:
                 if doc["head"] != _probe(f, 0, min(PROBE, done)) or doc["tail"] != _probe(f, done - PROBE, done):
                     return
-            offsets, ends, rows = doc["offsets"], doc["ends"], doc["rows"]
-            if not (len(offsets) == len(ends) == len(rows)):
+            offsets, ends, keys, values = doc["offsets"], doc["ends"], doc["keys"], doc["values"]
+            if not (len(offsets) == len(ends) == len(values)):
                 return
+            rows = [dict(zip(keys, v)) for v in values]
         except (OSError, ValueError, KeyError, TypeError):
             return  # unreadable or stale: build anew
-        self.offsets, self.ends, self.rows, self.done, self._inode = offsets, ends, rows, done, st.st_ino
+        with self._lock:
+            self.offsets, self.ends, self.rows, self.done = offsets, ends, rows, done

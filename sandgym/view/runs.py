@@ -19,6 +19,7 @@ is given for them. Each kind is a `Run` (one protocol, several implementations).
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections import defaultdict
@@ -50,7 +51,9 @@ STRING_LIMIT = 64 << 10  # longer strings of a record come truncated (the rest o
 LIST_LIMIT = 20_000  # longer lists (token ids, logprobs) too
 ERROR_CHARS = 300
 WALK_DEPTH = 4
-FIRST_WAIT_S = 0.5  # how long a request waits for indexing before answering with what is there
+FIRST_WAIT_S = 0.5
+BIG_RUN = 20_000  # records past which a growing run's live summary is recomputed at most...
+LIVE_SUMMARY_EVERY_S = 5.0  # ...this often  # how long a request waits for indexing before answering with what is there
 
 
 def _read_json(path: Path) -> Any:
@@ -83,6 +86,7 @@ def _status(closing: Path, written: Iterable[Path]) -> str:
 
 _HEAD = re.compile(rb'^\{"id": "[^"\\]*", "env": "[^"\\]*", "example_id": (-?\d+), "rollout_index": (-?\d+),')
 _TAIL = b'], "reward": '
+_FINISH = re.compile(rb'"finish_reason": (?:"([^"\\]*)"|null)')
 
 
 def _first_line(text: Any) -> str | None:
@@ -103,7 +107,8 @@ def _columns(rec: dict[str, Any], turns: int, truncated: bool, size: int) -> dic
         "error_kind": kind,
         "stop_reason": rec.get("stop_reason"),
         "metrics": rec.get("metrics") or {},
-        "timing": rec.get("timing") or {},
+        # Of the timings only the total (the table's column; the means are summary.json's).
+        "timing": {"total_s": (rec.get("timing") or {}).get("total_s")},
         "usage": rec.get("usage") or {},
         "task": rec.get("task"),
         "turns": turns,
@@ -126,9 +131,9 @@ def rollout_columns(line: bytes) -> dict[str, Any]:
             tail = None
         if isinstance(tail, dict) and "reward" in tail:
             tail["example_id"], tail["rollout_index"] = int(head.group(1)), int(head.group(2))
-            # Keys of each turn: strings cannot hold an unescaped quote, so these are keys.
-            turns = line.count(b'"finish_reason": ')
-            return _columns(tail, turns, tail.get("stop_reason") == "truncated" or b'"finish_reason": "length"' in line, len(line))
+            # One key of each turn (a string cannot hold an unescaped quote, so this is a key).
+            finishes = _FINISH.findall(line, 0, cut)
+            return _columns(tail, len(finishes), tail.get("stop_reason") == "truncated" or b"length" in finishes, len(line))
     rec = json.loads(line)
     turns_list = rec.get("turns") or []
     truncated = rec.get("stop_reason") == "truncated" or any(t.get("finish_reason") == "length" for t in turns_list)
@@ -273,6 +278,7 @@ def query(rows: list[dict[str, Any]], *, offset: int = 0, limit: int = 50, sort:
 class Run(Protocol):
     id: str
     path: Path
+    shown: str  # the path as the user named it (the root as given on the command line)
     kind: str
     records: RecordsFile | None  # rollout records (the rollouts table), when the run has them
 
@@ -313,8 +319,9 @@ class EvalRun:
     extractor_name = "rollout-v1"
 
     def __init__(self, run_id: str, path: Path) -> None:
-        self.id, self.path = run_id, path
+        self.id, self.path, self.shown = run_id, path, str(path)
         self.records = RecordsFile(path / RESULTS, self._extractor(), self.extractor_name)
+        self._live: tuple[int, float, dict[str, Any]] | None = None  # (records, when, summary)
 
     @staticmethod
     def _extractor() -> Any:
@@ -325,17 +332,23 @@ class EvalRun:
 
     def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """summary.json when it covers every record; else computed from the index (a live
-        or killed run)."""
+        or killed run): again when records were added, but for a big run at most every
+        LIVE_SUMMARY_EVERY_S while it grows (the count itself is always current)."""
         saved = _read_json(self.path / SUMMARY)
         if isinstance(saved, dict) and saved.get("num_rollouts") == len(rows):
             return {**saved, "source": "summary.json"}
-        return {**summarize(rows), "source": "live"}
+        now, last = time.monotonic(), self._live
+        if last is not None and (last[0] == len(rows) or (len(rows) > BIG_RUN and now - last[1] < LIVE_SUMMARY_EVERY_S)):
+            return last[2]
+        live = {**summarize([r for r in rows if not r.get("bad")]), "source": "live"}
+        self._live = (len(rows), now, live)
+        return live
 
     def card(self) -> dict[str, Any]:
         rows = self.records.rows()
         meta, s = self.meta(), self.summary(rows)
         return {
-            "id": self.id, "kind": self.kind, "path": str(self.path), "env": meta.get("env") or s.get("env"),
+            "id": self.id, "kind": self.kind, "path": self.shown, "env": meta.get("env") or s.get("env"),
             "model": meta.get("policy") or meta.get("model"), "status": self.status(),
             "reward_mean": s.get("reward_mean"), "pass_at_k": s.get("pass_at_k") or {},
             "rollouts": len(rows), "examples": s.get("num_examples"), "errors": s.get("errors"),
@@ -404,7 +417,7 @@ class SWERun:
     records = None
 
     def __init__(self, run_id: str, path: Path) -> None:
-        self.id, self.path = run_id, path
+        self.id, self.path, self.shown = run_id, path, str(path)
         self.results = JsonlIndex(path / RESULTS, json_row, name="swe-v1")
 
     def meta(self) -> dict[str, Any]:
@@ -431,7 +444,7 @@ class SWERun:
                 infra[str(r.get("infra_reason") or "infra")] += 1
         closing = _read_json(self.closing()) or {}
         return {
-            "id": self.id, "kind": self.kind, "mode": meta.get("kind"), "path": str(self.path),
+            "id": self.id, "kind": self.kind, "mode": meta.get("kind"), "path": self.shown,
             "env": f"swe {meta.get('kind', '?')} ({meta.get('step', '?')})", "model": meta.get("tasks"),
             "status": self.status(), "instances": len({r.get("instance_id") for r in lines}), "runs": len(lines),
             "resolved": statuses.get("resolved", 0), "reward_mean": statuses.get("resolved", 0) / len(lines) if lines else None,
@@ -515,7 +528,7 @@ class TrainRun:
     extractor_name = "rollout-v1"
 
     def __init__(self, run_id: str, path: Path) -> None:
-        self.id, self.path = run_id, path
+        self.id, self.path, self.shown = run_id, path, str(path)
         self.metrics = JsonlIndex(path / METRICS, json_row, name="metrics-v1")
         self.records = RecordsFile(path / SAMPLES, rollout_columns, self.extractor_name)
 
@@ -549,7 +562,7 @@ class TrainRun:
                 if k.startswith("failed_") and v:
                     fails[k.removeprefix("failed_")] += int(v)
         return {
-            "id": self.id, "kind": self.kind, "mode": self.mode(cfg, steps), "path": str(self.path),
+            "id": self.id, "kind": self.kind, "mode": self.mode(cfg, steps), "path": self.shown,
             "env": ":".join(str(x) for x in (env.get("kind"), env.get("name")) if x) or None,
             "model": (cfg.get("model") or {}).get("name_or_path"), "status": self.status(cfg, steps),
             "steps": len(steps), "total_steps": (cfg.get("optim") or {}).get("steps"),
@@ -584,6 +597,7 @@ class Registry:
 
     def __init__(self, roots: list[Path]) -> None:
         self.roots = [r.resolve() for r in roots]
+        self.names = [str(r) for r in roots]  # as given: what the pages show
         self.runs: dict[str, Run] = {}
 
     def scan(self) -> list[Run]:
@@ -594,6 +608,7 @@ class Registry:
                 rid = str(i) if rel == "." else f"{i}/{rel}"
                 run = self.runs.get(rid)
                 found[rid] = run if run is not None and type(run) is kind else kind(rid, path)
+                found[rid].shown = self.names[i] if rel == "." else os.path.join(self.names[i], rel)
         self.runs = found
         return list(found.values())
 
@@ -625,6 +640,8 @@ def compare(a: EvalRun, b: EvalRun) -> dict[str, Any]:
     def per_example(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
         out: dict[int, dict[str, Any]] = {}
         for n, r in enumerate(rows):
+            if r.get("bad"):
+                continue
             e = out.setdefault(int(r["example_id"]), {"rewards": [], "errors": 0, "first": n})
             if r.get("error"):
                 e["errors"] += 1

@@ -101,14 +101,18 @@ def flaky_task(bundled: Path) -> dict[str, Any]:
 
 
 class Runs:
-    """The run folders under one root, made by real commands."""
+    """The run folders under one root (relative: to the repository), made by real commands."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.failures: list[str] = []
 
     def path(self, name: str) -> Path:
-        return self.root / name
+        return REPO / self.root / name
+
+    def arg(self, name: str) -> str:
+        """The folder as the commands (run in the repository) are told it."""
+        return str(self.root / name)
 
     def chain(self, *steps: tuple[str, ...]) -> None:
         for args in steps:
@@ -125,30 +129,30 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     require_docker()
     from sandgym.swe.bundled import load_bundled
 
-    keep = os.environ.get("SANDGYM_VIEW_RUNS")
-    if keep and (Path(keep) / "done").exists():
+    keep = os.environ.get("SANDGYM_VIEW_RUNS")  # relative: to the repository (screenshots show no machine paths)
+    if keep and (REPO / keep / "done").exists():
         yield Runs(Path(keep))
         return
     root = Path(keep) if keep else tmp_path_factory.mktemp("view-runs")
-    root.mkdir(parents=True, exist_ok=True)
+    (REPO / root).mkdir(parents=True, exist_ok=True)
     r = Runs(root)
-    bundled = tmp_path_factory.mktemp("view-bundled")
-    load_bundled(bundled)
-    (bundled / "flaky.jsonl").write_text(json.dumps(flaky_task(bundled)) + "\n")
+    bundled = root.parent / f"{root.name}-tasks" if keep else tmp_path_factory.mktemp("view-bundled")
+    load_bundled(REPO / bundled)
+    (REPO / bundled / "flaky.jsonl").write_text(json.dumps(flaky_task(REPO / bundled)) + "\n")
     with MockOpenAIServer(agent_responder) as srv:
         chains = [
-            [("eval", "humaneval", "--policy", "oracle", "-n", "4", "-r", "2", "-o", str(r.path("he-oracle"))),
-             ("sft", "examples/pycalc_sft.toml", "--steps", "3", "--output", str(r.path("sft")),
+            [("eval", "humaneval", "--policy", "oracle", "-n", "4", "-r", "2", "-o", r.arg("he-oracle")),
+             ("sft", "examples/pycalc_sft.toml", "--steps", "3", "--output", r.arg("sft"),
               "--set", f'data.paths=["{r.path("he-oracle") / "results.jsonl"}"]')],
-            [("eval", "humaneval", "--policy", "null", "-n", "4", "-r", "2", "-o", str(r.path("he-null")))],
+            [("eval", "humaneval", "--policy", "null", "-n", "4", "-r", "2", "-o", r.arg("he-null"))],
             [("eval", "humaneval", "-a", "tools=true", "-a", "with_bash=true", "-a", "command_timeout_s=2", "-n", "4",
-              "--base-url", srv.base_url, "--model", "mock", "--max-retries", "0", "-o", str(r.path("agent")))],
+              "--base-url", srv.base_url, "--model", "mock", "--max-retries", "0", "-o", r.arg("agent"))],
             [("swe", "debug", str(bundled / "tasks.jsonl"), "-i", "slugger__collapse-runs", "-i", "romanize__subtractive-broken-gold",
-              "-o", str(r.path("swe-debug"))),
-             ("swe", "validate", str(bundled / "flaky.jsonl"), "-n", "2", "-o", str(r.path("swe-validate")))],
+              "-o", r.arg("swe-debug")),
+             ("swe", "validate", str(bundled / "flaky.jsonl"), "-n", "2", "-o", r.arg("swe-validate"))],
             [("eval", "bfcl_v4_single_turn", "--policy", "null", "-a", "per_category=1", "-a", "categories=simple_python,irrelevance",
-              "-o", str(r.path("bfcl")))],
-            [("train", "examples/toy.toml", "--steps", "3", "--output", str(r.path("train")))],
+              "-o", r.arg("bfcl"))],
+            [("train", "examples/toy.toml", "--steps", "3", "--output", r.arg("train"))],
         ]
         threads = [threading.Thread(target=r.chain, args=tuple(c)) for c in chains]
         for t in threads:
@@ -157,7 +161,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
             t.join()
     if r.failures:
         pytest.fail("making the run folders failed:\n" + "\n".join(r.failures))
-    (root / "done").touch()
+    (REPO / root / "done").touch()
     yield r
 
 

@@ -173,8 +173,8 @@ def test_bfcl_categories_and_entry(browser: Any, viewer: Viewer) -> None:
     shot(browser, "bfcl-run")
     browser.find_element("css selector", "table.bfcl-categories a").click()  # irrelevance: filters the table
     wait_for(browser, lambda d: "category=irrelevance" in d.current_url and len(rows(d)) == 1)
-    browser.get(run_url(viewer, "bfcl", query="category=simple_python"))
-    wait_for(browser, lambda d: len(rows(d)) == 1)
+    browser.get(run_url(viewer, "bfcl", query="category=simple_python"))  # the same page: its table is redrawn
+    wait_for(browser, lambda d: len(rows(d)) == 1 and "simple_python" in rows(d)[0].text)
     rows(browser)[0].find_element("css selector", "a.open").click()
     css(browser, ".bfcl-entry")
     entry = browser.find_element("css selector", ".bfcl-entry").text

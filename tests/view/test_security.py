@@ -30,7 +30,7 @@ def test_files_only_from_inside_the_run(viewer: Viewer, runs: Runs) -> None:
     run = "run=0/swe-debug"
     ok, _, body = get(viewer.base, f"/api/file?{run}&path=slugger__collapse-runs/applied.diff")
     assert ok == 200 and "diff --git" in json.loads(body)["value"]
-    secret = runs.root.parent / "secret.txt"
+    secret = runs.path("swe-debug").parent.parent / "secret.txt"
     secret.write_text("not for the browser")
     for name, target in (("escape.log", secret), ("passwd.log", Path("/etc/passwd"))):
         link = runs.path("swe-debug") / name
