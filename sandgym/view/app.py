@@ -131,12 +131,13 @@ def create_app(roots: list[Path], *, token: str | None = None, hosts: set[str] |
         run: str, offset: int = Query(0, ge=0), limit: int = Query(50, ge=1, le=500), sort: str = "n", desc: bool = False,
         error_kind: str | None = None, example_id: int | None = None, truncated: bool | None = None,
         min_reward: float | None = None, max_reward: float | None = None, step: int | None = None, category: str | None = None,
+        min_turns: int | None = None,
     ) -> dict[str, Any]:
         recs = viewer.records(run)
         try:
             out = query(recs.rows(), offset=offset, limit=limit, sort=sort, desc=desc, error_kind=error_kind or None,
                         example_id=example_id, truncated=truncated, min_reward=min_reward, max_reward=max_reward,
-                        step=step, category=category or None)
+                        step=step, category=category or None, min_turns=min_turns)
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
         return {**out, "indexing": recs.index.progress(), "index_error": recs.index.error}

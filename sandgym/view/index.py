@@ -27,10 +27,12 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 INDEX_SUFFIX = ".index"
-FORMAT = 2
+FORMAT = 3
 CHUNK = 8 << 20
 PROBE = 4096  # bytes hashed at the start and before the indexed end
+HEAD_BYTES = 16 << 20
 SAVE_EVERY_LINES = 20_000
+SAVE_CHUNK = 5_000  # rows per line of the saved index
 
 Extractor = Callable[[bytes], dict[str, Any]]
 
@@ -88,14 +90,20 @@ class JsonlIndex:
             f.seek(start)
             return f.read(end - start if limit is None else min(limit, end - start))
 
-    def read_head(self, count: int) -> list[bytes]:
-        """The first `count` complete lines, read directly (before an index exists)."""
-        out: list[bytes] = []
+    def head(self, count: int, budget: int = HEAD_BYTES) -> list[tuple[int, int, bytes]]:
+        """The first `count` complete lines that are not blank, with their spans, read
+        directly (at most `budget` bytes: a huge first line waits for the index): a first
+        page while the index is still being loaded or built."""
+        out: list[tuple[int, int, bytes]] = []
+        pos = 0
         with open(self.path, "rb") as f:
-            for line in f:
-                if not line.endswith(b"\n") or len(out) >= count:
+            while len(out) < count and pos < budget:
+                line = f.readline(budget - pos + 1)
+                if not line.endswith(b"\n"):
                     break
-                out.append(line)
+                if not line.isspace():
+                    out.append((pos, pos + len(line), line[:-1]))
+                pos += len(line)
         return out
 
     # ---- building ------------------------------------------------------------------------
@@ -179,43 +187,58 @@ class JsonlIndex:
     # ---- keeping it next to the file -----------------------------------------------------
 
     def _save(self) -> None:
+        """A header line (what the index describes), then the rows in chunks of SAVE_CHUNK
+        lines: loading parses one chunk at a time, so requests are answered meanwhile."""
         with self._lock:
-            done, rows = self.done, list(self.rows)
-            doc: dict[str, Any] = {"format": FORMAT, "extractor": self.name, "inode": self._inode, "done": done,
-                                   "offsets": list(self.offsets), "ends": list(self.ends)}
-        # Columnar: the keys once, then each row's values in their order.
-        keys = list(dict.fromkeys(k for r in rows for k in r))
-        doc["keys"], doc["values"] = keys, [[r.get(k) for k in keys] for r in rows]
+            done, offsets, ends, rows = self.done, list(self.offsets), list(self.ends), list(self.rows)
+        keys = list(dict.fromkeys(k for r in rows for k in r))  # columnar: the keys once
         try:
             with open(self.path, "rb") as f:
-                doc["head"] = _probe(f, 0, min(PROBE, done))
-                doc["tail"] = _probe(f, done - PROBE, done)
+                header = {"format": FORMAT, "extractor": self.name, "inode": self._inode, "done": done, "lines": len(rows),
+                          "keys": keys, "head": _probe(f, 0, min(PROBE, done)), "tail": _probe(f, done - PROBE, done)}
             tmp = self.index_path.with_name(self.index_path.name + f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(doc, separators=(",", ":")))
+            with open(tmp, "w", encoding="utf-8") as out:
+                out.write(json.dumps(header) + "\n")
+                for i in range(0, len(rows), SAVE_CHUNK):
+                    chunk = {"offsets": offsets[i:i + SAVE_CHUNK], "ends": ends[i:i + SAVE_CHUNK],
+                             "values": [[r.get(k) for k in keys] for r in rows[i:i + SAVE_CHUNK]]}
+                    out.write(json.dumps(chunk, separators=(",", ":")) + "\n")
             os.replace(tmp, self.index_path)
         except OSError as exc:  # a read-only run folder: the index lives in memory only
             log.info("index of %s not saved: %s", self.path, exc)
             self.persist = False
 
     def _load_saved(self, st: os.stat_result) -> None:
-        """The saved index when it still describes the file (else nothing: build anew)."""
+        """The saved index when it still describes the file (else nothing: build anew),
+        published chunk by chunk as it is read."""
         if not self.persist or not self.index_path.is_file():
             return
         try:
-            doc = json.loads(self.index_path.read_bytes())
-            if doc.get("format") != FORMAT or doc.get("extractor") != self.name or doc.get("inode") != st.st_ino:
-                return
-            done = int(doc["done"])
-            if done > st.st_size:
-                return
-            with open(self.path, "rb") as f:
-                if doc["head"] != _probe(f, 0, min(PROBE, done)) or doc["tail"] != _probe(f, done - PROBE, done):
+            with open(self.index_path, "rb") as saved:
+                header = json.loads(saved.readline())
+                done = int(header["done"])
+                if (header.get("format") != FORMAT or header.get("extractor") != self.name or header.get("inode") != st.st_ino
+                        or done > st.st_size):
                     return
-            offsets, ends, keys, values = doc["offsets"], doc["ends"], doc["keys"], doc["values"]
-            if not (len(offsets) == len(ends) == len(values)):
-                return
-            rows = [dict(zip(keys, v)) for v in values]
+                with open(self.path, "rb") as f:
+                    if header["head"] != _probe(f, 0, min(PROBE, done)) or header["tail"] != _probe(f, done - PROBE, done):
+                        return
+                keys = header["keys"]
+                for line in saved:
+                    chunk = json.loads(line)
+                    offsets, ends, values = chunk["offsets"], chunk["ends"], chunk["values"]
+                    if not (len(offsets) == len(ends) == len(values)):
+                        raise ValueError("a damaged chunk")
+                    rows = [dict(zip(keys, v)) for v in values]
+                    with self._lock:
+                        self.offsets.extend(offsets)
+                        self.ends.extend(ends)
+                        self.rows.extend(rows)
+                if len(self.rows) != header["lines"]:
+                    raise ValueError("chunks missing")
         except (OSError, ValueError, KeyError, TypeError):
-            return  # unreadable or stale: build anew
+            with self._lock:
+                self._reset()  # unreadable or stale: build anew
+            return
         with self._lock:
-            self.offsets, self.ends, self.rows, self.done = offsets, ends, rows, done
+            self.done = done

@@ -51,9 +51,10 @@ STRING_LIMIT = 64 << 10  # longer strings of a record come truncated (the rest o
 LIST_LIMIT = 20_000  # longer lists (token ids, logprobs) too
 ERROR_CHARS = 300
 WALK_DEPTH = 4
-FIRST_WAIT_S = 0.5
+FIRST_WAIT_S = 0.25  # how long a request waits for indexing before answering with what is there
+HEAD_LINES = 200  # read directly while a file's index is not there yet
 BIG_RUN = 20_000  # records past which a growing run's live summary is recomputed at most...
-LIVE_SUMMARY_EVERY_S = 5.0  # ...this often  # how long a request waits for indexing before answering with what is there
+LIVE_SUMMARY_EVERY_S = 5.0  # ...this often
 
 
 def _read_json(path: Path) -> Any:
@@ -230,7 +231,7 @@ SORTABLE = ("n", "example_id", "rollout_index", "reward", "error_kind", "turns",
 def query(rows: list[dict[str, Any]], *, offset: int = 0, limit: int = 50, sort: str = "n", desc: bool = False,
           error_kind: str | None = None, example_id: int | None = None, truncated: bool | None = None,
           min_reward: float | None = None, max_reward: float | None = None, step: int | None = None,
-          category: str | None = None) -> dict[str, Any]:
+          category: str | None = None, min_turns: int | None = None) -> dict[str, Any]:
     """Filter, sort and page the indexed rows (`n`: the line number in the file).
     error_kind "none" keeps the valid rollouts, "any" the failed ones."""
     if sort not in SORTABLE:
@@ -250,6 +251,8 @@ def query(rows: list[dict[str, Any]], *, offset: int = 0, limit: int = 50, sort:
         if max_reward is not None and float(r.get("reward") or 0.0) > max_reward:
             continue
         if step is not None and r.get("step") != step:
+            continue
+        if min_turns is not None and int(r.get("turns") or 0) < min_turns:
             continue
         if category is not None and r.get("category") != category:
             continue
@@ -290,26 +293,36 @@ class Run(Protocol):
 
 
 class RecordsFile:
-    """A JSONL file of rollout records with its index: the rollouts table and trajectories."""
+    """A JSONL file of rollout records with its index: the rollouts table and trajectories.
+    Until the index has its first rows (a saved one loading, a big file's first chunk), the
+    first HEAD_LINES lines are read directly, so a page is there at once."""
 
     def __init__(self, path: Path, extractor: Any, name: str) -> None:
         self.index = JsonlIndex(path, extractor, name=name)
+        self._head: list[tuple[int, int, bytes]] = []
 
     def rows(self) -> list[dict[str, Any]]:
         self.index.refresh(FIRST_WAIT_S)
-        rows, _ = self.index.snapshot()
+        rows, n = self.index.snapshot()
+        if n == 0 and self.index.building:
+            self._head = self.index.head(HEAD_LINES)
+            return [self.index.extract(line) for _, _, line in self._head]
         return rows
 
-    def record(self, n: int) -> dict[str, Any]:
-        if not 0 <= n < len(self.index):
-            raise KeyError(n)
-        return json.loads(self.index.read_line(n))
-
     def raw_span(self, n: int) -> tuple[Path, int, int]:
-        if not 0 <= n < len(self.index):
+        if 0 <= n < len(self.index):
+            start, end = self.index.span(n)
+        elif 0 <= n < len(self._head) and not len(self.index):
+            start, end, _ = self._head[n]
+        else:
             raise KeyError(n)
-        start, end = self.index.span(n)
         return self.index.path, start, end
+
+    def record(self, n: int) -> dict[str, Any]:
+        path, start, end = self.raw_span(n)
+        with open(path, "rb") as f:
+            f.seek(start)
+            return json.loads(f.read(end - start))
 
 
 class EvalRun:

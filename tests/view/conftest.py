@@ -214,9 +214,11 @@ def browser() -> Iterator[Any]:
 
 
 def wait_for(browser: Any, condition: Any, timeout: float = 20.0) -> Any:
+    """Until `condition(browser)` holds; an element redrawn while it was read is read again."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(browser, timeout, poll_frequency=0.1).until(condition)
+    return WebDriverWait(browser, timeout, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)).until(condition)
 
 
 def css(browser: Any, selector: str, timeout: float = 20.0) -> Any:

@@ -26,7 +26,7 @@ from sandgym.core.testing import MockOpenAIServer, Reply
 
 from .conftest import ENV, REPO, XSS_ERR, XSS_ID, XSS_MODEL, XSS_OUT, XSS_PY, XSS_TEST, XSS_TOOL, Runs, Viewer, css, page_text, text_appears, wait_for, wait_file
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]  # the first test makes the run folders (minutes on a busy machine)
 SHOTS = os.environ.get("SANDGYM_VIEW_SCREENSHOTS")
 
 
@@ -103,6 +103,9 @@ def test_filter_by_error_kind_and_truncated(browser: Any, viewer: Viewer) -> Non
     wait_for(browser, lambda d: len(rows(d)) == 3)
     browser.get(run_url(viewer, "agent", query="truncated=true"))
     wait_for(browser, lambda d: len(rows(d)) == 1 and "truncated" in rows(d)[0].text)
+    browser.get(run_url(viewer, "agent"))
+    css(browser, "#f-turns").send_keys("3\n")  # only example 0 called tools for several turns
+    wait_for(browser, lambda d: "min_turns=3" in d.current_url and len(rows(d)) == 1 and rows(d)[0].find_elements("css selector", "td")[1].text == "0")
 
 
 def test_sort_by_reward(browser: Any, viewer: Viewer) -> None:

@@ -120,6 +120,20 @@ def test_a_line_longer_than_a_read_chunk(tmp_path: Path, monkeypatch: Any) -> No
     assert [json.loads(ix.read_line(i))["example_id"] for i in range(3)] == [0, 0, 1]
 
 
+def test_head_reads_the_first_lines_directly(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    write(path, [state(0), state(1)])
+    with open(path, "ab") as f:
+        f.write(b"\n" + json.dumps(record_of(state(2))).encode() + b"\n" + b'{"torn": ')
+    ix = JsonlIndex(path, rollout_columns, name="t", persist=False)
+    head = ix.head(10)
+    assert [json.loads(line)["example_id"] for _, _, line in head] == [0, 0, 1]  # the blank and the torn line left out
+    data = path.read_bytes()
+    assert all(data[a:b] == line + b"\n" for a, b, line in head)
+    ix.refresh(None)
+    assert [ix.span(i) for i in range(3)] == [(a, b) for a, b, _ in head]
+
+
 def test_query_filters_sorts_and_pages(tmp_path: Path) -> None:
     path = tmp_path / "results.jsonl"
     write(path, [state(0, reward=1.0), state(1, error_kind="model"), state(2, length=True, reward=0.5), state(3, error_kind="sandbox")])
@@ -130,6 +144,7 @@ def test_query_filters_sorts_and_pages(tmp_path: Path) -> None:
     assert [r["n"] for r in query(rows, error_kind="any")["rows"]] == [1, 3]
     assert [r["n"] for r in query(rows, error_kind="none")["rows"]] == [0, 2]
     assert [r["n"] for r in query(rows, truncated=True)["rows"]] == [2]
+    assert query(rows, min_turns=2)["matched"] == 4 and query(rows, min_turns=3)["matched"] == 0
     assert [r["n"] for r in query(rows, sort="reward", desc=True)["rows"]][:2] == [0, 2]
     page = query(rows, offset=1, limit=2)
     assert page["matched"] == 4 and [r["n"] for r in page["rows"]] == [1, 2]
@@ -159,3 +174,15 @@ def test_exec_flags_read_back_format_exec() -> None:
     ]
     for result, flags in cases:
         assert exec_flags(format_exec(result, timeout=2.5)) == flags
+
+
+def test_a_damaged_saved_index_is_rebuilt(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    write(path, [state(i, reward=0.5) for i in range(5)])
+    JsonlIndex(path, rollout_columns, name="t").refresh(None)
+    saved = path.with_name("results.jsonl.index")
+    header, *chunks = saved.read_text().splitlines()
+    saved.write_text(header + "\n" + chunks[0][: len(chunks[0]) // 2] + "\n")  # cut short (a full disk, a crash)
+    ix = JsonlIndex(path, rollout_columns, name="t")
+    ix.refresh(None)
+    assert len(ix) == 5 and [r["example_id"] for r in ix.rows] == [0, 0, 1, 1, 2] and {r["reward"] for r in ix.rows} == {0.5}

@@ -13,7 +13,7 @@ import pytest
 
 from .conftest import Runs, Viewer, sandgym
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]  # the first test makes the run folders (minutes on a busy machine)
 
 
 def get(base: str, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:

@@ -5,7 +5,7 @@ import { link, go } from "../route.js";
 import { fmt, score, bytes, Badge, ErrorBox, SortTh, Pager } from "../ui.js";
 
 const LIMIT = 50;
-const FILTERS = ["error_kind", "example_id", "truncated", "step", "category", "min_reward", "max_reward"];
+const FILTERS = ["error_kind", "example_id", "truncated", "step", "category", "min_reward", "max_reward", "min_turns"];
 
 export function RolloutsTable({ run, params, bfcl = false, train = false }) {
   const sort = params.sort || "n";
@@ -27,6 +27,8 @@ export function RolloutsTable({ run, params, bfcl = false, train = false }) {
       </select></label>
       <label>example <input id="f-example" type="number" min="0" value=${params.example_id ?? ""}
         onChange=${(e) => set({ example_id: e.target.value })} /></label>
+      <label>turns ≥ <input id="f-turns" type="number" min="0" value=${params.min_turns ?? ""}
+        onChange=${(e) => set({ min_turns: e.target.value })} /></label>
       <label>truncated <select id="f-truncated" value=${params.truncated ?? ""} onChange=${(e) => set({ truncated: e.target.value })}>
         <option value="">any</option><option value="true">yes</option><option value="false">no</option></select></label>
       <label>reward ≥ <input id="f-min" type="number" step="any" value=${params.min_reward ?? ""}
