@@ -12,7 +12,7 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("view")
     def view(
-        runs: Annotated[Optional[list[Path]], typer.Argument(help="Run folders, or folders holding runs (default: runs).")] = None,
+        runs: Annotated[Optional[list[Path]], typer.Argument(metavar="RUN_DIR", help="Run folders, or folders holding runs (default: runs).")] = None,
         host: Annotated[str, typer.Option(help="Address to listen on. Not a loopback address: --token is required.")] = "127.0.0.1",
         port: Annotated[int, typer.Option(help="Port (0: any free one).")] = 8765,
         token: Annotated[Optional[str], typer.Option(help="Require this token on every request (`auto`: make one). The printed URL carries it.")] = None,
