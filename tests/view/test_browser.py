@@ -62,6 +62,9 @@ def assert_inert(browser: Any) -> None:
     assert all(h.startswith("#/") or h.startswith("/api/raw?") for h in hrefs), hrefs
     scripts = browser.execute_script("return [...document.scripts].map(s => s.getAttribute('src'))")
     assert scripts == ["/static/vendor/chart.min.js", "/static/js/main.js"], scripts
+    # Nothing was blocked by the Content-Security-Policy and no script of ours failed.
+    problems = [e["message"] for e in browser.get_log("browser") if "Content Security Policy" in e["message"] or "Uncaught" in e["message"]]
+    assert not problems, problems
 
 
 def test_runs_list_then_rollout_then_trajectory(browser: Any, viewer: Viewer, runs: Runs) -> None:
