@@ -247,6 +247,27 @@ def test_live_run_grows_without_reload(browser: Any, viewer: Viewer, runs: Runs)
                 proc.kill()
 
 
+def test_training_plots_extend_while_the_run_is_written(browser: Any, viewer: Viewer, runs: Runs) -> None:
+    """The training run's steps appended one by one to a copy of it, its page open."""
+    src, live = runs.path("train"), runs.path("train-live")
+    shutil.rmtree(live, ignore_errors=True)
+    live.mkdir()
+    shutil.copy(src / "config.json", live / "config.json")
+    steps = (src / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (live / "metrics.jsonl").write_text(steps[0])
+    browser.get(run_url(viewer, "train-live"))
+    css(browser, ".plot[data-plot='reward'][data-points='1']")
+    browser.execute_script("window.__same_page = true")
+    assert "running" in page_text(browser)
+    for n, line in enumerate(steps[1:], start=2):
+        with open(live / "metrics.jsonl", "a") as f:
+            f.write(line)
+        css(browser, f".plot[data-plot='loss'][data-points='{n}']")
+        wait_for(browser, lambda d: d.find_element("css selector", "#steps").text == str(n))
+    wait_for(browser, lambda d: "finished" in page_text(d))  # the config's last step was logged
+    assert browser.execute_script("return window.__same_page === true"), "the page was reloaded"
+
+
 def test_big_record_is_cut_with_the_rest_on_request(browser: Any, viewer: Viewer, runs: Runs) -> None:
     """A record with a 3 MB model reply: the page gets 64 KB of it, a button fetches 1 MB
     more, and a link downloads the whole record."""
