@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes a fresh Debian 12 machine ready: Python dependencies, docker.io (+ debootstrap,
 # bubblewrap), gVisor (runsc) and the sandgym runtimes, squid (egress), docker-registry and
-# htpasswd (registry tests), a Docker engine started when none answers, and the images.
+# htpasswd (registry tests), chromium and its driver (viewer tests), a Docker engine started
+# when none answers, and the images.
 # Idempotent: does only what is missing. Never restarts a running dockerd (the runtimes are
 # merged into /etc/docker/daemon.json and loaded with SIGHUP). Used by the README and .ci/run.
 set -euo pipefail
@@ -29,6 +30,8 @@ command -v docker-registry >/dev/null || need+=(docker-registry)  # registry tes
 command -v htpasswd >/dev/null || need+=(apache2-utils)    # registry tests (auth)
 command -v gcc >/dev/null || need+=(gcc)                   # the statx shim for gVisor
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)       # per-sandbox disks
+command -v chromium >/dev/null || need+=(chromium)         # `sandgym view` tests: a real browser
+command -v chromedriver >/dev/null || need+=(chromium-driver)
 if ((${#need[@]})); then
   apt-get update -qq
   # No service is started for them: squid and the registry run as children of sandgym/tests.

@@ -31,7 +31,7 @@ def _options(
 
 
 # Command modules, in help order; each must exist and define register(app).
-_COMMANDS = ("eval", "bfcl", "swe", "sandbox", "images", "serve", "ray", "sft", "train", "doctor")
+_COMMANDS = ("eval", "bfcl", "swe", "view", "sandbox", "images", "serve", "ray", "sft", "train", "doctor")
 
 
 def _register() -> None:

@@ -11,7 +11,8 @@ mask 0 and get no gradient.
 Loss: the mean negative log-likelihood over the step's completion tokens (token-mean across
 the batch, so gradient accumulation over packed micro-batches equals one big batch).
 
-Output folder: metrics.jsonl (one line per step), checkpoints/step_NNNNNN/trainer_state.pt
+Output folder: config.json (the resolved config), metrics.jsonl (one line per step),
+checkpoints/step_NNNNNN/trainer_state.pt
 (model, optimizer, step, config): what `[model] init_from` of `sandgym train` reads.
 """
 
@@ -243,6 +244,7 @@ class SFTTrainer:
 
     def run(self) -> list[dict[str, float]]:
         self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.json").write_text(json.dumps(self.cfg.model_dump(mode="json"), indent=2) + "\n")
         metrics = self.out / "metrics.jsonl"
         metrics.write_text("")  # a fresh run (SFT runs are short; no resume)
         history = []
