@@ -27,7 +27,9 @@ docker provider's wiring):
   transport (providers/docker/transport.Transport); or directly
   `await client.exec(["python3", "-c", "print(1)"], timeout=10)` -> `ExecResult`;
   `batch_exec([BatchJob(argv=..., timeout=...), ...])` runs many in one round trip;
-  `read_file`, `write_file`, `put_archive`, `get_archive`; finally `await client.aclose()`.
+  `read_file`, `write_file`, `put_archive`, `get_archive`; a live process (stdin, output
+  as it comes, signals) is `ExecdLiveProcess(client, argv)` (live.py); finally
+  `await client.aclose()`.
 
 Errors: a connection that cannot be made or breaks mid-request raises `SandboxGoneError`;
 no answer within the request's own timeout plus `grace_s` raises `ExecdUnresponsiveError`
@@ -63,7 +65,7 @@ LIFELINE_NAME = "lifeline"  # the owner's FIFO, next to the socket
 DEFAULT_OUTPUT_LIMIT = 1 << 20
 
 _LEN = struct.Struct(">I")
-_BROKEN = (
+BROKEN = (
     anyio.EndOfStream,
     anyio.IncompleteRead,
     anyio.BrokenResourceError,
@@ -131,7 +133,9 @@ class BatchJob:
     output_limit: int = DEFAULT_OUTPUT_LIMIT
 
 
-class _Conn:
+class Connection:
+    """One connection to execd: frames out and in (one request at a time, or one live process)."""
+
     __slots__ = ("stream", "buf")
 
     def __init__(self, stream: SocketStream) -> None:
@@ -194,17 +198,17 @@ class ExecdClient:
         self.socket_path = str(socket_path)
         self.grace_s = grace_s
         self.max_idle = max_idle
-        self._idle: list[_Conn] = []
+        self._idle: list[Connection] = []
         self._closed = False
         self._loop: object = None  # the event loop the pooled connections belong to
 
     # ------------------------------------------------------------------ transport
 
-    async def _connect(self) -> _Conn:
+    async def _connect(self) -> Connection:
         if self._closed:
             raise SandboxGoneError("execd client is closed")
         try:
-            return _Conn(await anyio.connect_unix(self.socket_path))
+            return Connection(await anyio.connect_unix(self.socket_path))
         except OSError as exc:
             raise SandboxGoneError(f"execd at {self.socket_path} is unreachable: {exc}") from exc
 
@@ -239,7 +243,7 @@ class ExecdClient:
             raise ExecdUnresponsiveError(
                 f"execd at {self.socket_path} gave no answer to {header.get('op')!r} in {deadline_s:.1f}s"
             ) from exc
-        except _BROKEN as exc:
+        except BROKEN as exc:
             raise SandboxGoneError(
                 f"execd at {self.socket_path} went away during {header.get('op')!r}: {exc!r}"
             ) from exc
@@ -255,6 +259,11 @@ class ExecdClient:
                 raise SandboxFileNotFound(message)
             raise ExecdRequestError(code, message)
         return reply, rblobs
+
+    async def connect(self) -> Connection:
+        """A connection of its own, outside the pool (a live process holds one for its
+        lifetime; see live.py). Raises SandboxGoneError when execd cannot be reached."""
+        return await self._connect()
 
     # ------------------------------------------------------------------ operations
 
@@ -338,6 +347,12 @@ class ExecdClient:
                 raise ExecdRequestError(str(err.get("code")), f"job {i}: {err.get('message')}")
             results.append(_to_result(fields, rblobs[2 * i], rblobs[2 * i + 1], j.output_limit))
         return results
+
+    async def signal(self, pid: int, signum: int, *, timeout: float = 10.0) -> bool:
+        """Signal the process group of a live process this execd started (live.py); False
+        when it is not one, or has ended."""
+        reply, _ = await self._request({"op": "signal", "pid": int(pid), "signal": int(signum)}, deadline_s=timeout)
+        return bool(reply.get("delivered"))
 
     async def read_file(self, path: str, *, timeout: float = 60.0) -> bytes:
         _, blobs = await self._request({"op": "read_file", "path": path}, deadline_s=timeout)
