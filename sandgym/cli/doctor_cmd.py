@@ -41,7 +41,11 @@ def _docker_checks() -> list[Check]:
 
     for r in img.RECIPES:
         ok = img.image_exists(client, r.tag)
-        checks.append(Check(f"image {r.tag}", ok, "present" if ok else "missing", "sandgym images build"))
+        if r.first_use:  # an environment's image: its first sandbox builds it
+            checks.append(Check(f"image {r.tag}", ok, "present" if ok else "not built yet: built on first use",
+                                f"sandgym images build {r.name}", required=False))
+        else:
+            checks.append(Check(f"image {r.tag}", ok, "present" if ok else "missing", "sandgym images build --core"))
     return checks + _isolation_checks(client, info)
 
 

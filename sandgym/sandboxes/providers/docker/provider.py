@@ -18,7 +18,8 @@ limit, a CPU quota, and is auto-removed when its main process ends.
 
 Egress (SandboxSpec.egress) goes through execd's relay, the host forwarder and one squid
 per provider (sandgym/sandboxes/egress/): HTTP(S)_PROXY inside, the policy decided outside.
-Images are pulled as image_pull says (pull.py), after the operator's aliases. Why a
+Images are pulled as image_pull says (pull.py), after the operator's aliases; sandgym's own
+images are built instead when missing (images.py, `build_images`). Why a
 container died comes from the engine's events (events.py).
 
 Commands and files go through a `Transport` (transport.py). When the image has python3,
@@ -69,6 +70,7 @@ from .exec import KILLED_EXIT, DockerExecTransport
 from .execd import DockerExecdTransport, SocketDirs, execd_volumes
 from .disk import RESERVE_MB, LoopDisks
 from .events import ExitWatcher
+from .images import build_missing
 from .live import DockerLiveProcess
 from .pull import Puller, PullProgress
 from .runtime import (
@@ -409,6 +411,7 @@ class DockerProvider:
         state_root: str | os.PathLike[str] | None = None,
         disk: str = "auto",
         runtime: str = "auto",
+        build_images: bool = True,
     ) -> None:
         """`execd=False` always uses `docker exec` (main process `sleep`); `socket_root` is
         where per-container execd socket directories go (default /run/sandgym-sockets as
@@ -432,6 +435,9 @@ class DockerProvider:
         the sandgym runtimes, else tmpfs), "loop" (required) or "tmpfs" (strict only).
         `runtime`: "auto" (strict: runc, vm: gVisor), "runsc" (gVisor for both profiles) or
         "runc" (no gVisor; vm then needs `allow_vm_without_gvisor`).
+        `build_images`: sandgym's own images (sandgym/base, sandgym/python[:X.Y], sandgym/bfcl,
+        sandgym/math) are built here when a sandbox first needs them (image_pull='missing'),
+        with each build step logged; False: they are pulled like any other image.
         """
         if disk not in ("auto", "loop", "tmpfs"):
             raise ValueError(f"disk={disk!r}; allowed: auto, loop, tmpfs")
@@ -466,7 +472,8 @@ class DockerProvider:
         self._info: dict[str, Any] | None = None
         self._rt: RuntimeStatus | None = None
         self._limiter: anyio.CapacityLimiter | None = None
-        self.puller = Puller(lambda: self.api, pull_progress)
+        self.puller = Puller(lambda: self.api, pull_progress,
+                             build=(lambda image: build_missing(image, self.client)) if build_images else None)
         self._watcher = ExitWatcher(self._events_client)
         self._egress_lock = threading.Lock()
         self._proxy: EgressProxy | None = None
