@@ -6,7 +6,7 @@
 # `sandgym images build`). Idempotent: does only what is missing. Never restarts a running
 # dockerd (the runtimes are merged into /etc/docker/daemon.json and loaded with SIGHUP).
 # The Python dependencies install in the background while the Debian packages, the engine and
-# the base image (which need none of them) are made ready. Each step prints its wall time;
+# the core images (which need none of them) are made ready. Each step prints its wall time;
 # a table of them comes last. Used by the README and .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,12 +24,13 @@ pip_log=$(mktemp /tmp/sandgym-bootstrap-pip.XXXXXX)
 (
   t0=$(now)
   # torch pinned in the same resolve: the CPU build file on this machine; a bare requirement
-  # would pull CUDA (GBs).
-  python3 -m pip install -q torch==2.13.0 -e '.[all]'
+  # would pull CUDA (GBs). --no-compile: byte-compiling all 20k files of the set is minutes
+  # of CPU on 2 cores; Python compiles what it imports, when it first imports it.
+  python3 -m pip install -q --no-compile torch==2.13.0 -e '.[all]'
   # BFCL's data, checkers and backends for the bfcl_v4_* environments: --no-deps, its own pins
   # would downgrade numpy, pandas and more (the sandgym/bfcl image has the full set). Same pin
   # as images/bfcl/Dockerfile and sandgym/bfcl/data.py.
-  python3 -m pip install -q --no-deps bfcl-eval==2026.3.23
+  python3 -m pip install -q --no-compile --no-deps bfcl-eval==2026.3.23
   since "$t0" >"$pip_log.time"
 ) >"$pip_log" 2>&1 &
 pip_pid=$!
@@ -64,10 +65,12 @@ fi
 docker version --format 'engine {{.Server.Version}}'
 endgroup
 
-group "base image (debootstrap)"
-# Needs only debootstrap and the engine, so it runs while pip does; the same script
-# `sandgym images build` runs for it.
+group "core images (sandgym/base, sandgym/python)"
+# They need only debootstrap and the engine, so they build while pip runs: the same script
+# and Dockerfile `sandgym images build --core` uses (checked by it below).
 docker image inspect sandgym/base:latest >/dev/null 2>&1 || bash images/build-base.sh
+docker image inspect sandgym/python:latest >/dev/null 2>&1 \
+  || docker build -q --network host -t sandgym/python:latest images/python
 endgroup
 
 group "python dependencies (wait)"
@@ -86,7 +89,7 @@ group "sandgym runtimes (gVisor, per-sandbox disks)"
 python3 -m sandgym.sandboxes.providers.docker.runtime install
 endgroup
 
-group "core images"
+group "core images (check)"
 sandgym images build --core
 endgroup
 
