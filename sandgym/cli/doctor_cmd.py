@@ -8,9 +8,6 @@ import subprocess
 from dataclasses import dataclass
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 
 @dataclass
@@ -108,6 +105,10 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def doctor() -> None:
         """Check the Docker engine, images, bubblewrap and optional extras."""
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.table import Table
+
         checks = _docker_checks() + [
             _local_check(),
             Check("debootstrap (base image)", shutil.which("debootstrap") is not None,

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
-console = Console(stderr=True)
+from sandgym.cli.consoles import LazyConsole
+
+console = LazyConsole(stderr=True)
 
 
 def register(app: typer.Typer) -> None:

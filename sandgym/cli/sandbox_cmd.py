@@ -8,11 +8,11 @@ import sys
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
-err = Console(stderr=True)
+from sandgym.cli.consoles import LazyConsole
+
+err = LazyConsole(stderr=True)
+out = LazyConsole()
 
 ProviderOpt = Annotated[str, typer.Option("--provider", "-p", help="docker, local or prime.")]
 
@@ -37,6 +37,7 @@ def _aliases(values: list[str] | None) -> dict[str, str]:
 def _pull_progress() -> "Callable[[object], None]":  # noqa: F821
     """Pull progress: a bar on a terminal, a line per finished layer otherwise."""
     if err.is_terminal:
+        from rich.markup import escape
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
         bar = Progress(TextColumn("pulling {task.description}"), BarColumn(), DownloadColumn(),
@@ -162,13 +163,15 @@ def register(app: typer.Typer) -> None:
             print(json.dumps([i.model_dump() | {"owner_alive": owner_alive(i.labels), "reaped": i.id in reaped}
                               for i in infos]))
             return
+        from rich.table import Table
+
         table = Table(title=f"{provider} sandboxes")
         for col in ("id", "image", "status", "owner", "pid", "owner alive"):
             table.add_column(col)
         for i in infos:
             alive = "yes" if owner_alive(i.labels) else "[red]no[/]" + (" (reaped)" if i.id in reaped else "")
             table.add_row(i.id[:12], i.image, i.status, i.owner or "", str(i.pid or ""), alive)
-        Console().print(table)
+        out.print(table)
         if reaped:
             err.print(f"removed {len(reaped)} sandboxes whose owner process is gone")
 
@@ -260,6 +263,9 @@ def register(app: typer.Typer) -> None:
             print(json.dumps({"provider": report.provider, "ok": report.ok,
                               "results": [r.__dict__ for r in report.results]}))
         else:
+            from rich.markup import escape
+            from rich.table import Table
+
             table = Table(title=f"provider contract: {provider}")
             table.add_column("check", no_wrap=True)
             table.add_column("result", no_wrap=True)
@@ -269,7 +275,7 @@ def register(app: typer.Typer) -> None:
             for r in report.results:
                 table.add_row(r.name, "[green]pass[/]" if r.ok else "[red]FAIL[/]", f"{r.duration_s:.2f}s",
                               escape(r.message) if r.message else f"[dim]{escape(descriptions[r.name])}[/]")
-            Console().print(table)
+            out.print(table)
             passed = len(report.results) - len(report.failures)
             err.print(f"{passed}/{len(report.results)} checks passed")
         if not report.ok:
