@@ -220,7 +220,7 @@ def main() -> None:
     dk = med("docker")
     print("targets: execd/docker exec p50 <= 0.20: " + ("met" if a50 / d50 <= 0.2 else "MISSED")
           + f"; docker eval >= 5x naive: " + ("n/a" if not n else ("met" if dk / n >= 5 else "MISSED"))
-          + f" ({dk / n:.2f}x)" * bool(n)
+          + (f" ({dk / n:.2f}x)" if n else "")
           + "; docker eval >= 0.5x harness: " + ("met" if dk / h >= 0.5 else "MISSED") + f" ({dk / h:.2f}x)")
     print(json.dumps({"runs": runs, "exec_ms": {"execd_p50": a50, "execd_p95": a95, "docker_p50": d50, "docker_p95": d95}},
                      default=str))

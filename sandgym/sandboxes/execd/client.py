@@ -354,6 +354,11 @@ class ExecdClient:
         reply, _ = await self._request({"op": "signal", "pid": int(pid), "signal": int(signum)}, deadline_s=timeout)
         return bool(reply.get("delivered"))
 
+    async def reset(self, dirs: Sequence[str], workdir: str | None = None, *, timeout: float = 60.0) -> None:
+        """Kill every process but init and execd, empty `dirs`, give `workdir` mode 0755: a
+        reused sandbox made ready for its next user, with no process started for it."""
+        await self._request({"op": "reset", "dirs": list(dirs), "workdir": workdir}, deadline_s=timeout)
+
     async def read_file(self, path: str, *, timeout: float = 60.0) -> bytes:
         _, blobs = await self._request({"op": "read_file", "path": path}, deadline_s=timeout)
         return blobs[0]

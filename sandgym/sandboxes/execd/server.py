@@ -11,10 +11,11 @@ UTF-8 JSON (the header), then raw payloads whose lengths the header lists in "bl
 (stdin, stdout, file contents, tar archives) therefore never pass through base64 or JSON.
 A connection carries one request at a time; a client keeps several connections for
 concurrency. Requests carry "op": ping, exec, batch_exec, read_file, write_file,
-put_archive, get_archive, live, signal. Replies carry "ok" and either the op's fields or
-"error": {"code", "message"}. An exec with "stream": true is preceded by {"event": "output"}
-frames. "live" starts a live process that owns its connection from then on (stdin frames
-in, output frames out, see run_live); "signal" reaches such a process's group by its pid.
+put_archive, get_archive, live, signal, reset. Replies carry "ok" and either the op's
+fields or "error": {"code", "message"}. An exec with "stream": true is preceded by
+{"event": "output"} frames. "live" starts a live process that owns its connection from then
+on (stdin frames in, output frames out, see run_live); "signal" reaches such a process's
+group by its pid; "reset" readies a reused sandbox for its next user without a process.
 
 Commands run in their own session (process group). Past their timeout, or when the client
 hangs up mid-request, the whole group is SIGKILLed. Output is drained continuously and kept
@@ -42,6 +43,7 @@ import io
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import stat
@@ -767,6 +769,78 @@ def get_archive(path: str) -> bytes:
     return buf.getvalue()
 
 
+# ----------------------------------------------------------------------------- reset
+
+
+def _kill_all_but(keep: set) -> None:
+    """SIGKILL every process but `keep`, a few passes in case some fork meanwhile."""
+    for _ in range(8):
+        killed = 0
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) in keep:
+                continue
+            try:
+                with open("/proc/%s/stat" % name, "rb") as f:
+                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                        continue
+                os.kill(int(name), signal.SIGKILL)
+                killed += 1
+            except (OSError, IndexError):
+                continue
+        if not killed:
+            return
+
+
+def _empty(d: str) -> None:
+    """Remove everything in `d` (kept itself), whatever modes the sandbox's code left."""
+    try:
+        entries = os.listdir(d)
+    except FileNotFoundError:
+        return
+    except PermissionError:
+        os.chmod(d, stat.S_IMODE(os.stat(d).st_mode) | 0o700)
+        entries = os.listdir(d)
+    if not entries:
+        return
+    for root, dirs, _ in os.walk(d):  # top-down: each directory opened up before it is entered
+        for x in dirs:
+            p = os.path.join(root, x)
+            try:
+                st = os.lstat(p)
+                if stat.S_ISDIR(st.st_mode):
+                    os.chmod(p, stat.S_IMODE(st.st_mode) | 0o700)
+            except OSError:
+                pass
+    for x in entries:
+        p = os.path.join(d, x)
+        try:
+            if os.path.isdir(p) and not os.path.islink(p):
+                shutil.rmtree(p)
+            else:
+                os.unlink(p)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise RequestError("reset_failed", "cannot empty %s: %s" % (d, exc)) from None
+    left = os.listdir(d)
+    if left:
+        raise RequestError("reset_failed", "cannot empty %s: %s" % (d, os.path.join(d, left[0])))
+
+
+def reset(dirs: List[str], workdir: Optional[str]) -> None:
+    """What a reused sandbox needs between users, without starting a process: every process
+    but init and execd killed, `dirs` emptied, the workdir (when it is ours) mode 0755."""
+    _kill_all_but({1, os.getpid()})
+    for d in dirs:
+        _empty(d)
+    if workdir:
+        try:
+            if os.stat(workdir).st_uid == os.getuid():
+                os.chmod(workdir, 0o755)
+        except OSError:
+            pass
+
+
 # ----------------------------------------------------------------------------- requests
 
 
@@ -899,6 +973,12 @@ def handle(conn: socket.socket, h: Dict[str, Any], blobs: List[bytes], started: 
         handle_batch(conn, h, blobs)
     elif op == "live":
         run_live(conn, h)
+    elif op == "reset":
+        dirs = h.get("dirs")
+        if not isinstance(dirs, list) or not all(isinstance(d, str) and d.startswith("/") for d in dirs):
+            raise RequestError("bad_request", "dirs must be a list of absolute paths")
+        reset(dirs, h.get("workdir"))
+        send_frame(conn, {"ok": True})
     elif op == "signal":
         send_frame(conn, {"ok": True, "delivered": signal_live(int(h.get("pid") or 0), int(h.get("signal") or 0))})
     elif op == "read_file":
