@@ -61,6 +61,7 @@ from ...egress.forwarder import EgressForwarder
 from ...egress.proxy import EgressProxy, squid_binary
 from ...errors import SandboxCreateError, SandboxError, SandboxGoneError, SpecError
 from ...execd import CONTAINER_SOCKET_DIR, EGRESS_PORT, EGRESS_SOCKET_NAME, LIFELINE_NAME, BatchJob, execd_command
+from ...execd.client import ExecdRequestError
 from ...execd.live import ExecdLiveProcess
 from ...live import LiveProcess
 from ...ownership import Lifeline, lifeline_grace_s, stamp_owner
@@ -290,16 +291,22 @@ class DockerSandbox(Sandbox):
         own (execd/live.py: as fast as an exec); without execd the Docker exec API streams it
         (live.py: three engine execs per process, each ~100 ms under gVisor)."""
         self._live()
-        proc: LiveProcess
-        if isinstance(self.transport, DockerExecdTransport):
-            proc = ExecdLiveProcess(self.transport.client, live_argv(argv))
-        else:
-            proc = DockerLiveProcess(self._owner.api, self.id, live_argv(argv))
+        where = self.resolve(cwd) if cwd else None
         try:
-            await proc.start(env, self.resolve(cwd) if cwd else None)
+            if isinstance(self.transport, DockerExecdTransport):
+                try:
+                    proc: LiveProcess = ExecdLiveProcess(self.transport.client, live_argv(argv))
+                    await proc.start(env, where)
+                    return proc
+                except ExecdRequestError as exc:
+                    if exc.code != "bad_request" or "unknown op" not in str(exc):
+                        raise
+                    # an execd from before live processes (a sandbox adopted across an upgrade)
+            proc = DockerLiveProcess(self._owner.api, self.id, live_argv(argv))
+            await proc.start(env, where)
+            return proc
         except SandboxGoneError as exc:
             raise await self._gone(exc) from None
-        return proc
 
     async def reset(self) -> bool:
         """execd sandboxes only: kill every process but init and execd, empty the
