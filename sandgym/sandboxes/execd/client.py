@@ -13,7 +13,7 @@ docker provider's wiring):
   cap_drop ALL, no-new-privileges.
 - Command (the container's main process, so the container dies with it; with
   `auto_remove=True` the TTL then removes the container): `execd_command(ttl_s)` =
-  `python3 -I /opt/sandgym-execd/server.py --socket /run/sandgym/execd.sock --ttl <ttl_s>`.
+  `python3 -I -S /opt/sandgym-execd/server.py --socket /run/sandgym/execd.sock --ttl <ttl_s>`.
   Under an init (docker's `init=True`) zombies are reaped and SIGTERM forwarded; without
   one execd, as PID 1, reaps them itself. The container's env and working directory
   become every command's defaults.
@@ -96,6 +96,7 @@ def execd_command(
     cmd = [
         "python3",
         "-I",
+        "-S",  # stdlib only: no site (its .pth walk is a good part of a start under gVisor)
         f"{CONTAINER_EXECD_DIR}/server.py",
         "--socket",
         socket_path or f"{CONTAINER_SOCKET_DIR}/{SOCKET_NAME}",

@@ -3,7 +3,7 @@
 
 Standard library only, Python >= 3.9, so any image with python3 can run it unchanged:
 
-    python3 -I server.py --socket /run/sandgym/execd.sock [--ttl SECONDS]
+    python3 -I -S server.py --socket /run/sandgym/execd.sock [--ttl SECONDS]
                          [--owner-fifo /run/sandgym/lifeline --owner-grace SECONDS]
 
 Wire format (both directions): a frame is a 4-byte big-endian length, that many bytes of
@@ -50,11 +50,12 @@ import stat
 import struct
 import subprocess
 import sys
-import tarfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    import tarfile
 
 PROTOCOL = 1
 _LEN = struct.Struct(">I")
@@ -225,16 +226,24 @@ def _oom_kill_counter() -> Optional[int]:
     """The cgroup's OOM-kill count (v2 memory.events or v1 memory.oom_control). It counts
     kills of any process in the sandbox, so a command SIGKILLed by someone else while a
     concurrent one hit the limit would be reported as OOM too; rare and documented."""
-    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+    for path in _OOM_FILES:
+        if path in _NO_OOM_FILE:
+            continue
         try:
             with open(path, "rb") as f:
                 for line in f:
                     parts = line.split()
                     if len(parts) == 2 and parts[0] == b"oom_kill":
                         return int(parts[1])
+        except FileNotFoundError:
+            _NO_OOM_FILE.add(path)  # no cgroup files here (gVisor): not looked for per command again
         except (OSError, ValueError):
             continue
     return None
+
+
+_OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+_NO_OOM_FILE: set = set()
 
 
 class Capped:
@@ -716,6 +725,7 @@ def _safe_members(tar: tarfile.TarFile, dest: str):  # type: ignore[no-untyped-d
     """tarfile's "data" filter for Pythons that lack it (Debian bookworm's 3.11.2): no
     absolute or escaping names or links, no device files, no set-id bits, no ownership.
     A generator, so each member is checked against the tree as extracted so far."""
+    import tarfile
     root = os.path.realpath(dest)
     for m in tar:
         name = m.name.lstrip("/" + os.sep)
@@ -744,6 +754,8 @@ def _safe_members(tar: tarfile.TarFile, dest: str):  # type: ignore[no-untyped-d
 
 
 def put_archive(dest: str, data: bytes) -> None:
+    import tarfile  # here, not at start: execd's start is every sandbox's (slow under gVisor)
+
     try:
         os.makedirs(dest, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
@@ -758,6 +770,8 @@ def put_archive(dest: str, data: bytes) -> None:
 
 
 def get_archive(path: str) -> bytes:
+    import tarfile
+
     if not os.path.lexists(path):
         raise RequestError("not_found", "%s: No such file or directory" % path)
     buf = io.BytesIO()
@@ -918,6 +932,8 @@ def handle_batch(conn: socket.socket, h: Dict[str, Any], blobs: List[bytes]) -> 
 
     try:
         if parsed:
+            from concurrent.futures import ThreadPoolExecutor
+
             pool = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(parsed))))
             for i in range(len(parsed)):
                 pool.submit(work, i)
