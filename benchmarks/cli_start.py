@@ -3,7 +3,8 @@
     python benchmarks/cli_start.py [--runs 21] [--before REF]
 
 Each round runs every variant once, in turn, as a fresh process (wall time from spawn to
-exit, output discarded): `python3 -c pass` (the interpreter's own start, with this machine's
+exit, output discarded, and the CPU time the process used: user + sys, which a loaded
+machine inflates far less than wall time): `python3 -c pass` (the interpreter's own start, with this machine's
 site-packages), `python3 -m sandgym --help` from this tree, and with `--before REF` the same
 from REF's tree (exported with `git archive`). The table gives medians, the time above the
 bare interpreter, and the modules imported (`-X importtime`). Load averages are printed.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -24,13 +26,17 @@ from platform_exec import export_tree  # benchmarks/ is on sys.path when run as 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(argv: list[str], tree: str | None) -> float:
+def run(argv: list[str], tree: str | None) -> tuple[float, float]:
+    """(wall s, CPU s) of one run."""
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = tree
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, cwd=tree or ROOT)
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
 
 
 def modules(argv: list[str], tree: str | None) -> int:
@@ -57,24 +63,29 @@ def main() -> None:
             variants[f"sandgym --help ({args.before}, {commit})"] = ([py, "-m", "sandgym", "--help"], tmp)
         load0 = os.getloadavg()
         times: dict[str, list[float]] = {k: [] for k in variants}
+        cpu: dict[str, list[float]] = {k: [] for k in variants}
         for k, (argv, tree) in variants.items():
             run(argv, tree)  # warm the page cache and any .pyc
         for _ in range(args.runs):
             for k, (argv, tree) in variants.items():
-                times[k].append(run(argv, tree))
+                wall, used = run(argv, tree)
+                times[k].append(wall)
+                cpu[k].append(used)
         counts = {k: modules(argv, tree) for k, (argv, tree) in variants.items()}
         load1 = os.getloadavg()
     base = statistics.median(times["python3 -c pass"])
     print(f"runs={args.runs} cpus={os.cpu_count()} load average before {'/'.join(f'{x:.1f}' for x in load0)}, "
           f"after {'/'.join(f'{x:.1f}' for x in load1)}")
     print()
-    print("| command | median ms | p90 ms | above python3 -c pass ms | modules imported |")
-    print("|---|---|---|---|---|")
+    cbase = statistics.median(cpu["python3 -c pass"])
+    print("| command | wall median ms | wall p90 ms | wall above python3 -c pass ms | CPU median ms | CPU above python3 -c pass ms | modules imported |")
+    print("|---|---|---|---|---|---|---|")
     for k, ts in times.items():
         xs = sorted(ts)
         p90 = xs[min(len(xs) - 1, round(0.9 * (len(xs) - 1)))]
+        c = statistics.median(cpu[k])
         print(f"| {k} | {statistics.median(ts) * 1000:.0f} | {p90 * 1000:.0f} | "
-              f"{(statistics.median(ts) - base) * 1000:.0f} | {counts[k]} |")
+              f"{(statistics.median(ts) - base) * 1000:.0f} | {c * 1000:.0f} | {(c - cbase) * 1000:.0f} | {counts[k]} |")
 
 
 if __name__ == "__main__":
