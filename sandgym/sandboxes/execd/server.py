@@ -222,6 +222,10 @@ def _prefer_for_oom(pid: int) -> None:
         pass
 
 
+_OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+_NO_OOM_FILE: set = set()  # those of _OOM_FILES found missing: never there (gVisor has none)
+
+
 def _oom_kill_counter() -> Optional[int]:
     """The cgroup's OOM-kill count (v2 memory.events or v1 memory.oom_control). It counts
     kills of any process in the sandbox, so a command SIGKILLed by someone else while a
@@ -236,14 +240,11 @@ def _oom_kill_counter() -> Optional[int]:
                     if len(parts) == 2 and parts[0] == b"oom_kill":
                         return int(parts[1])
         except FileNotFoundError:
-            _NO_OOM_FILE.add(path)  # no cgroup files here (gVisor): not looked for per command again
+            _NO_OOM_FILE.add(path)
         except (OSError, ValueError):
             continue
     return None
 
-
-_OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
-_NO_OOM_FILE: set = set()
 
 
 class Capped:
@@ -495,10 +496,10 @@ def run_live(conn: socket.socket, h: Dict[str, Any]) -> None:
     """A live process on this connection: {"event": "started", "pid"} once it runs, then
     {"event": "output", "stream"} frames as output appears, then {"ok": true, "result":
     {"exit_code"}}. Meanwhile the client may send {"op": "stdin"} frames (one blob each),
-    only after "started". No timeout and no output cap (the
-    client reads as it goes; a client that stops reading stalls the process's output). A
-    client that hangs up leaves the process running, stdin closed and output dropped, until
-    it ends or execd does; "signal" still reaches it by pid."""
+    only after "started". No timeout and no output cap (the client reads as it goes; a
+    client that stops reading stalls the process's output). A client that hangs up leaves
+    the process running, stdin closed and output dropped, until it ends or execd does;
+    "signal" still reaches it by pid."""
     argv = h.get("argv")
     if not argv or not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
         raise RequestError("bad_request", "argv must be a non-empty list of strings")
