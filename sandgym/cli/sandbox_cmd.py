@@ -41,7 +41,7 @@ def _pull_progress() -> "Callable[[object], None]":  # noqa: F821
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
         bar = Progress(TextColumn("pulling {task.description}"), BarColumn(), DownloadColumn(),
-                       console=err, transient=True)
+                       console=err.console, transient=True)
         tasks: dict[str, int] = {}
 
         def show(ev: object) -> None:

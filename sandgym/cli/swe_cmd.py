@@ -131,7 +131,7 @@ def _progress(total: int, done: int, label: str):  # type: ignore[no-untyped-def
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     bar = Progress(SpinnerColumn(), TextColumn(escape(label)), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("{task.fields[phase]}", markup=False), console=console, transient=False)
+                   TimeElapsedColumn(), TextColumn("{task.fields[phase]}", markup=False), console=console.console, transient=False)
     tid = bar.add_task(label, total=total, completed=done, phase="")
     phases: dict[str, str] = {}
 
