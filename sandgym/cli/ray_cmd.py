@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 
-err = Console(stderr=True)
+from sandgym.cli.consoles import LazyConsole
+
+err = LazyConsole(stderr=True)
+out = LazyConsole()
 
 ray_app = typer.Typer(help="Ray clusters of sandgym nodes: sandboxes and rollouts across machines.", no_args_is_help=True)
 
@@ -160,7 +162,7 @@ def status(
         t.add_column(col)
     for r in rows:
         t.add_row(*(str(r.get(c, "-")) for c in ("node", "state", "cap", "live", "idle", "waiting", "sessions", "pruned")))
-    Console().print(t)
+    out.print(t)
 
 
 def register(app: typer.Typer) -> None:

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.text import Text
+
+from sandgym.cli.consoles import LazyConsole
 
 if TYPE_CHECKING:
     from rich.progress import Progress
+    from rich.text import Text
 
-console = Console(stderr=True)
+console = LazyConsole(stderr=True)
 
 STEPS = ("gold_patch", "none", "command", "script")
 IMAGE_SOURCE_HELP = ("build: task images built here, offline (default). prebuilt: SWE-bench's instance images "
@@ -48,6 +48,8 @@ def _load(tasks: str, instance: list[str] | None, split: str) -> list[Any]:
 
 
 def _ratio(d: dict[str, str]) -> Text:
+    from rich.text import Text
+
     if not d:
         return Text("-")
     ok = sum(v in ("passed", "xfail") for v in d.values())
@@ -60,6 +62,7 @@ STATUS_STYLE = {"resolved": "green", "unresolved": "yellow", "error": "red", "in
 def _render(rows: list[dict[str, Any]], step: str, verbose: bool) -> None:
     """Tables of results (dicts from result.json): every data cell is a Text, never markup."""
     from rich.table import Table
+    from rich.text import Text
 
     from sandgym.swe.debug import fuzzy_notes
 
@@ -100,6 +103,7 @@ def _render(rows: list[dict[str, Any]], step: str, verbose: bool) -> None:
 
 def _render_validation(vals: list[Any]) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title="sandgym swe validate")
     for col in ("instance", "version", "python", "gold", "empty", "flaky", "cold s", "gold s", "empty s", "verdict"):
@@ -129,10 +133,11 @@ def _run_dir(kind: str, output: Path | None, resume: Path | None, step: str) -> 
 
 
 def _progress(total: int, done: int, label: str) -> tuple[Progress, Callable[[str, str], None]]:
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     bar = Progress(SpinnerColumn(), TextColumn(escape(label)), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("{task.fields[phase]}", markup=False), console=console, transient=False)
+                   TimeElapsedColumn(), TextColumn("{task.fields[phase]}", markup=False), console=console.console, transient=False)
     tid = bar.add_task(label, total=total, completed=done, phase="")
     phases: dict[str, str] = {}
 
@@ -177,6 +182,7 @@ def register(app: typer.Typer) -> None:
         """Run one debug step per task (gold_patch by default), then the task's tests; report
         per instance whether it is resolved, and which instances the step does not resolve."""
         import anyio
+        from rich.text import Text
 
         from sandgym.cli.errors import check_provider
         from sandgym.errors import UnknownNameError
@@ -257,6 +263,7 @@ def register(app: typer.Typer) -> None:
         run, empty none; FAIL_TO_PASS must fail and PASS_TO_PASS pass without the fix; tests
         that change outcome between runs are flagged flaky. Seconds per instance, a table."""
         import anyio
+        from rich.text import Text
 
         from sandgym.swe.store import RunStore
         from sandgym.swe.validate import validation_summary
@@ -289,6 +296,8 @@ def register(app: typer.Typer) -> None:
         dest: Annotated[Path, typer.Argument(help="Directory for the repositories and tasks.jsonl.")],
     ) -> None:
         """Write the bundled tasks (git repositories + tasks.jsonl) to DEST."""
+        from rich.text import Text
+
         from sandgym.swe.bundled import load_bundled
 
         tasks = load_bundled(dest)
@@ -306,6 +315,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Build (or find) the image of every task."""
         import anyio
+        from rich.text import Text
 
         from sandgym.swe.images import BaseImageError, ImageBuildError, RepoError, TaskImageBuilder
         from sandgym.swe.tasks import RecipeError

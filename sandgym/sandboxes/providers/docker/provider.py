@@ -18,7 +18,8 @@ limit, a CPU quota, and is auto-removed when its main process ends.
 
 Egress (SandboxSpec.egress) goes through execd's relay, the host forwarder and one squid
 per provider (sandgym/sandboxes/egress/): HTTP(S)_PROXY inside, the policy decided outside.
-Images are pulled as image_pull says (pull.py), after the operator's aliases. Why a
+Images are pulled as image_pull says (pull.py), after the operator's aliases; sandgym's own
+images are built instead when missing (images.py, `build_images`). Why a
 container died comes from the engine's events (events.py).
 
 Commands and files go through a `Transport` (transport.py). When the image has python3,
@@ -61,6 +62,8 @@ from ...egress.forwarder import EgressForwarder
 from ...egress.proxy import EgressProxy, squid_binary
 from ...errors import SandboxCreateError, SandboxError, SandboxGoneError, SpecError
 from ...execd import CONTAINER_SOCKET_DIR, EGRESS_PORT, EGRESS_SOCKET_NAME, LIFELINE_NAME, BatchJob, execd_command
+from ...execd.client import ExecdRequestError
+from ...execd.live import ExecdLiveProcess
 from ...live import LiveProcess
 from ...ownership import Lifeline, lifeline_grace_s, stamp_owner
 from ...result import EgressLogEntry, ExecResult, SandboxInfo
@@ -69,6 +72,7 @@ from .disk import RESERVE_MB, LoopDisks
 from .events import ExitWatcher
 from .exec import KILLED_EXIT, DockerExecTransport
 from .execd import DockerExecdTransport, SocketDirs, execd_volumes
+from .images import build_missing
 from .live import DockerLiveProcess
 from .pull import Puller, PullProgress
 from .runtime import (
@@ -284,12 +288,26 @@ class DockerSandbox(Sandbox):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> LiveProcess:
-        """A live process streamed through the Docker exec API (live.py), whichever
-        transport runs this sandbox's plain commands."""
+        """A live process on the sandbox's transport: execd runs it on a connection of its
+        own (execd/live.py: as fast as an exec); without execd the Docker exec API streams it
+        (live.py: three engine execs per process, each ~100 ms under gVisor)."""
         self._live()
-        proc = DockerLiveProcess(self._owner.api, self.id, live_argv(argv))
-        await proc.start(env, self.resolve(cwd) if cwd else None)
-        return proc
+        where = self.resolve(cwd) if cwd else None
+        try:
+            if isinstance(self.transport, DockerExecdTransport):
+                try:
+                    proc: LiveProcess = ExecdLiveProcess(self.transport.client, live_argv(argv))
+                    await proc.start(env, where)
+                    return proc
+                except ExecdRequestError as exc:
+                    if exc.code != "bad_request" or "unknown op" not in str(exc):
+                        raise
+                    # an execd from before live processes (a sandbox adopted across an upgrade)
+            proc = DockerLiveProcess(self._owner.api, self.id, live_argv(argv))
+            await proc.start(env, where)
+            return proc
+        except SandboxGoneError as exc:
+            raise await self._gone(exc) from None
 
     async def reset(self) -> bool:
         """execd sandboxes only: kill every process but init and execd, empty the
@@ -401,6 +419,7 @@ class DockerProvider:
         state_root: str | os.PathLike[str] | None = None,
         disk: str = "auto",
         runtime: str = "auto",
+        build_images: bool = True,
     ) -> None:
         """`execd=False` always uses `docker exec` (main process `sleep`); `socket_root` is
         where per-container execd socket directories go (default /run/sandgym-sockets as
@@ -424,6 +443,9 @@ class DockerProvider:
         the sandgym runtimes, else tmpfs), "loop" (required) or "tmpfs" (strict only).
         `runtime`: "auto" (strict: runc, vm: gVisor), "runsc" (gVisor for both profiles) or
         "runc" (no gVisor; vm then needs `allow_vm_without_gvisor`).
+        `build_images`: sandgym's own images (sandgym/base, sandgym/python[:X.Y], sandgym/bfcl,
+        sandgym/math) are built here when a sandbox first needs them (image_pull='missing'),
+        with each build step logged; False: they are pulled like any other image.
         """
         if disk not in ("auto", "loop", "tmpfs"):
             raise ValueError(f"disk={disk!r}; allowed: auto, loop, tmpfs")
@@ -458,7 +480,8 @@ class DockerProvider:
         self._info: dict[str, Any] | None = None
         self._rt: RuntimeStatus | None = None
         self._limiter: anyio.CapacityLimiter | None = None
-        self.puller = Puller(lambda: self.api, pull_progress)
+        self.puller = Puller(lambda: self.api, pull_progress,
+                             build=(lambda image: build_missing(image, self.client)) if build_images else None)
         self._watcher = ExitWatcher(self._events_client)
         self._egress_lock = threading.Lock()
         self._proxy: EgressProxy | None = None
