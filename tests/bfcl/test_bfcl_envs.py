@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("bfcl_eval", reason="bfcl-eval is not installed (scripts/bootstrap.sh installs it with --no-deps)")
+from tests.conftest import require
+
+require("bfcl_eval")
 
 from sandgym import envs  # noqa: E402
 from sandgym.bfcl import data  # noqa: E402
@@ -22,7 +24,6 @@ from sandgym.core.clients import ModelResponse  # noqa: E402
 from sandgym.core.policies import get_policy  # noqa: E402
 from sandgym.core.evaluation import run_eval  # noqa: E402
 from sandgym.core.tools import tool_call  # noqa: E402
-from tests.conftest import require_docker  # noqa: E402
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -31,13 +32,7 @@ PER_CATEGORY = None if FULL else 3
 
 
 def require_bfcl_image() -> None:
-    require_docker()
-    import docker
-
-    try:
-        docker.from_env().images.get(data.BFCL_IMAGE)
-    except Exception:
-        pytest.skip(f"{data.BFCL_IMAGE} is missing: sandgym images build bfcl")
+    require("docker", f"image:{data.BFCL_IMAGE}")
 
 
 def by_category(run_dir: Path) -> dict[str, list[dict[str, Any]]]:

@@ -14,7 +14,7 @@ from sandgym.core.policies import get_policy
 from sandgym.core.evaluation import run_eval
 from sandgym.sandboxes import SandboxManager, SandboxSpec
 from sandgym.sandboxes.spec import host_cpus
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -42,7 +42,7 @@ CLEAN = (
 
 
 async def test_reused_sandbox_is_clean_for_the_next_rollout() -> None:
-    require_docker()
+    require("docker")
     async with SandboxManager("docker", max_sandboxes=1) as mgr:
         await mgr.warm(SPEC, 1)
         assert await run_tests(DIRTY, INFO, sandboxes=mgr, spec=SPEC, reuse=True)
@@ -63,7 +63,7 @@ def test_scoring_pool_size_follows_concurrency_and_cpus() -> None:
 
 @pytest.mark.parametrize("batch", [False, True])
 async def test_oracle_and_null_with_reuse_and_batching(batch: bool, tmp_path: Path) -> None:
-    require_docker()
+    require("docker")
     env = envs.load_environment("humaneval", batch_scoring=batch)
     n = 8
     good = await run_eval(env, get_policy("oracle", env), "oracle", output_dir=tmp_path / "o",

@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed (pip install -e '.[bench]')")
+from tests.conftest import require
+
+require("reasoning_gym")
 
 from sandgym import envs  # noqa: E402
 from sandgym.core.clients import ModelResponse  # noqa: E402
 from sandgym.core.policies import OraclePolicy, get_policy  # noqa: E402
 from sandgym.core.evaluation import run_eval  # noqa: E402
-from tests.conftest import require_docker  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 
@@ -25,13 +26,7 @@ EVAL_SIZE = 50 if os.environ.get("SANDGYM_BENCH_FULL") == "1" else 4
 
 
 def require_math_image() -> None:
-    require_docker()
-    import docker
-
-    try:
-        docker.from_env().images.get("sandgym/math:latest")
-    except Exception:
-        pytest.skip("sandgym/math is missing: sandgym images build math")
+    require("docker", "image:sandgym/math:latest")
 
 
 class OffByOne:
@@ -83,9 +78,9 @@ async def test_a_wrong_boxed_answer_scores_0(tmp_path: Path) -> None:
 async def test_the_training_path_loads_by_name_and_scores_groups(name: str, args: dict[str, Any]) -> None:
     """What `sandgym train` does with an environment: load it by name, roll out groups of a
     training batch with `generate`, get rewards and advantages."""
-    require_docker()
+    require("docker")
     if name.startswith("bfcl"):
-        pytest.importorskip("bfcl_eval")
+        require("bfcl_eval")
     from sandgym.train.env_source import EnvRolloutSource
 
     source = EnvRolloutSource(name, args)

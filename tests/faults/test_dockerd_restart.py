@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_docker
+from tests.conftest import lacking, require
 
 pytestmark = [pytest.mark.docker, pytest.mark.faults, pytest.mark.slow]
 
@@ -93,12 +93,13 @@ def _containers_of_pid(pid: int) -> list[str]:
         client.close()
 
 
-@pytest.mark.skipif(os.environ.get("SANDGYM_FAULTS_DOCKERD") != "1", reason="restarts the shared Docker engine: set SANDGYM_FAULTS_DOCKERD=1")
+@pytest.mark.skipif(os.environ.get("SANDGYM_FAULTS_DOCKERD") != "1",
+                    reason="restarts the shared Docker engine: .ci/run sets SANDGYM_FAULTS_DOCKERD=1")
 def test_dockerd_restarted_during_eval(tmp_path: Path) -> None:
-    require_docker()
+    require("docker")
     found = _dockerd()
     if os.geteuid() != 0 or found is None:
-        pytest.skip("needs root and exactly one visible dockerd process")
+        lacking("needs root and exactly one visible dockerd process")
     pid, argv = found
     run = tmp_path / "run"
     results = run / "results.jsonl"

@@ -8,7 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-schemathesis = pytest.importorskip("schemathesis")
+from tests.conftest import require
+
+require("schemathesis")
+import schemathesis  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 from sandgym.platform.testing import serve_in_thread  # noqa: E402

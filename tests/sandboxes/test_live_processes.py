@@ -12,7 +12,7 @@ from sandgym.sandboxes import ManagedSandbox, SandboxManager, SandboxSpec
 from sandgym.sandboxes.live import LiveProcess, ShellLiveProcess
 from sandgym.sandboxes.providers.docker import DockerProvider
 from sandgym.sandboxes.providers.docker.live import DockerLiveProcess
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = pytest.mark.anyio
 
@@ -24,7 +24,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 async def sandbox() -> AsyncIterator[ManagedSandbox]:
-    require_docker()
+    require("docker")
     async with SandboxManager("docker", max_sandboxes=1) as mgr:
         sb = await mgr.acquire(SandboxSpec(memory_mb=512, disk_mb=256))
         try:
@@ -92,7 +92,7 @@ async def test_exit_code_env_and_cwd(sandbox: ManagedSandbox, kind: str) -> None
 
 async def test_docker_live_process_with_a_high_fd(fds_past_1024: None) -> None:
     """select() cannot watch fds >= 1024; the docker live process must work past that."""
-    require_docker()
+    require("docker")
     # A provider made now: its engine connections (and the exec socket) are opened above 1024.
     async with SandboxManager(DockerProvider(), max_sandboxes=1) as mgr:
         sb = await mgr.acquire(SandboxSpec(memory_mb=256, disk_mb=64))

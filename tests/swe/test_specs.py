@@ -15,7 +15,9 @@ from sandgym.swe.bundled import init_repo
 from sandgym.swe.specs import RecipeResolver, conda_to_pip, load_recipes_file, recipe_from_spec
 from sandgym.swe.tasks import RecipeError, SWETask
 
-swebench = pytest.importorskip("swebench", reason="the swebench package (sandgym[swe]) is not installed")
+from tests.conftest import require
+
+require("swebench")
 from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS  # noqa: E402
 
 

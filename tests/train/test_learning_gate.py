@@ -47,9 +47,9 @@ def demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demonstrator's records on the training tasks, as `sandgym eval pycalc --policy
     oracle -a split=train -a oracle_accuracy=0.4 -n 256` makes them."""
     if PROVIDER == "docker":
-        from tests.conftest import require_docker
+        from tests.conftest import require
 
-        require_docker()
+        require("docker")
     from sandgym import envs
     from sandgym.core.evaluation import run_eval
     from sandgym.core.policies import get_policy
