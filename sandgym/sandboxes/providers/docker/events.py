@@ -4,8 +4,9 @@ Containers are auto-removed when they end, so `inspect` afterwards finds nothing
 gVisor an OOM kills the whole sandbox at once. The engine's events are the one record that
 survives: `oom` and `die` (exitCode 137), in either order, is OOM_KILLED. A `die` after the sandbox's ttl_s is
 TIMEOUT; a `die` we caused (remove) is not an error; a kill by anyone else (exit 137 with no
-oom) is REMOVED; any other `die` is EXITED with its exit code. One daemon thread per
-provider follows the stream from the first create on; verdicts are kept for the last
+oom: docker kill/rm, or execd, the main process, killed from the host or from inside) is REMOVED; any other `die` is EXITED with its exit code. One daemon thread per
+provider follows the stream from the first create on, and subscribes again when it ends
+(the engine restarted) until the provider closes; verdicts are kept for the last
 MAX_VERDICTS containers.
 """
 
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 MAX_VERDICTS = 10_000
 KILLED = 137
+RESUBSCRIBE_S = (0.2, 5.0)  # first and largest wait between attempts to subscribe again
 # A kill with no oom event yet may still be an OOM whose event comes a moment later.
 OOM_GRACE_S = 1.0
 _OOM_MSG = "the sandbox ran out of memory (memory_mb) and was killed"
@@ -53,34 +55,58 @@ class ExitWatcher:
         self._stream = None
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._last_seen = 0.0  # time of the last event received
 
     def start(self) -> None:
         """Subscribe (blocking until the engine answered), once."""
         with self._lock:
             if self._thread is not None or self._closed:
                 return
-            client = self._make_client()
-            self._stream = client.events(
-                decode=True,
-                filters={"type": "container", "label": [LABEL_OWNER], "event": ["oom", "die"]},
-            )
+            self._subscribe()
             self._thread = threading.Thread(target=self._follow, name="sandgym-docker-events", daemon=True)
             self._thread.start()
 
+    def _subscribe(self) -> None:
+        # Again after a gap: from the last event seen, so what the engine still holds of the
+        # gap is replayed (a restarted engine holds nothing of before its restart).
+        since = {"since": int(self._last_seen)} if self._last_seen else {}
+        client = self._make_client()
+        self._stream = client.events(
+            decode=True,
+            filters={"type": "container", "label": [LABEL_OWNER], "event": ["oom", "die"]},
+            **since,
+        )
+
     def _follow(self) -> None:
-        stream = self._stream
-        try:
-            for ev in stream:  # type: ignore[union-attr]
+        wait = RESUBSCRIBE_S[0]
+        while True:
+            stream = self._stream
+            try:
+                for ev in stream:  # type: ignore[union-attr]
+                    wait = RESUBSCRIBE_S[0]
+                    self._last_seen = float(ev.get("time") or time.time())
+                    try:
+                        self._on(ev)
+                    except Exception as exc:  # one odd event must not end the watch
+                        log.debug("event %r: %r", ev, exc)
+                why: object = "it ended"
+            except Exception as exc:
+                why = exc
+            # The engine went away (a restart): subscribe again. A container that ends
+            # before that has no verdict; inspect reports it LOST.
+            while not self._closed:
+                log.warning("docker event stream: %r; subscribing again in %.1fs", why, wait)
+                time.sleep(wait)
+                wait = min(RESUBSCRIBE_S[1], wait * 2)
                 try:
-                    self._on(ev)
-                except Exception as exc:  # one odd event must not end the watch
-                    log.debug("event %r: %r", ev, exc)
-        except Exception as exc:
-            if not self._closed:
-                log.warning("docker event stream ended: %r; exit reasons will be LOST", exc)
-        finally:
-            with self._lock:
-                self._thread = None if not self._closed else self._thread
+                    with self._lock:
+                        if not self._closed:
+                            self._subscribe()
+                    break
+                except Exception as exc:
+                    why = exc
+            if self._closed:
+                return
 
     def _on(self, ev: dict) -> None:  # type: ignore[type-arg]
         cid = ev.get("id") or (ev.get("Actor") or {}).get("ID")
@@ -96,7 +122,7 @@ class ExitWatcher:
                     self._verdicts[cid] = Verdict("OOM_KILLED", _OOM_MSG, v.exit_code, v.at)
                     self._cond.notify_all()
                 return
-            if action != "die":
+            if action != "die" or cid in self._verdicts:  # a container dies once (a replay repeats it)
                 return
             attrs = (ev.get("Actor") or {}).get("Attributes") or {}
             code_s = str(attrs.get("exitCode", ""))
@@ -109,7 +135,10 @@ class ExitWatcher:
             elif deadline is not None and time.time() >= deadline - 1.0:
                 verdict = Verdict("TIMEOUT", "its ttl_s ran out", code, time.time())
             elif code == KILLED:
-                verdict = Verdict("REMOVED", "killed from outside (docker kill/rm, prune)", code, time.time())
+                verdict = Verdict(
+                    "REMOVED", "its main process was SIGKILLed, not by sandgym (docker kill/rm, prune, or a kill of "
+                    "execd from the host or from inside the sandbox)", code, time.time(),
+                )
             else:
                 verdict = Verdict("EXITED", f"its main process exited with code {code}", code, time.time())
             self._oom.discard(cid)
