@@ -48,13 +48,22 @@ async def manager() -> AsyncIterator[SandboxManager]:
 
 
 def _execd_host_pid(cid: str) -> int:
+    """The host pid of the container's execd (from the engine's process list, matched on the
+    full command line: `top`'s may be cut)."""
     client = docker.from_env()
     try:
         procs = client.api.top(cid)["Processes"]
     finally:
         client.close()
-    pids = [int(p[1]) for p in procs if "execd.sock" in p[-1] and not p[-1].startswith("/sbin/docker-init")]
-    assert len(pids) == 1, procs
+    pids = []
+    for p in procs:
+        try:
+            argv = Path(f"/proc/{p[1]}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[0] != b"/sbin/docker-init" and any(a.endswith(b"execd.sock") for a in argv):
+            pids.append(int(p[1]))
+    assert len(pids) == 1, [p[-1] for p in procs]
     return pids[0]
 
 

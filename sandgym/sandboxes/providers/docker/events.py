@@ -13,6 +13,7 @@ MAX_VERDICTS containers.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -31,6 +32,10 @@ RESUBSCRIBE_S = (0.2, 5.0)  # first and largest wait between attempts to subscri
 # A kill with no oom event yet may still be an OOM whose event comes a moment later.
 OOM_GRACE_S = 1.0
 _OOM_MSG = "the sandbox ran out of memory (memory_mb) and was killed"
+_ENGINE_RESTART_MSG = (
+    "removed by the Docker engine as it restarted: Docker before 24.0.8 removes --rm containers, sandgym's, "
+    "when it restarts, even with live-restore (moby/moby#46308)"
+)
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class ExitWatcher:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._last_seen = 0.0  # time of the last event received
+        self._gaps: list[list[float]] = []  # [ended, subscribed again] of the stream (engine restarts)
 
     def start(self) -> None:
         """Subscribe (blocking until the engine answered), once."""
@@ -94,6 +100,8 @@ class ExitWatcher:
                 why = exc
             # The engine went away (a restart): subscribe again. A container that ends
             # before that has no verdict; inspect reports it LOST.
+            if not self._closed:
+                self._gaps.append([time.time(), math.inf])
             while not self._closed:
                 log.warning("docker event stream: %r; subscribing again in %.1fs", why, wait)
                 time.sleep(wait)
@@ -102,6 +110,7 @@ class ExitWatcher:
                     with self._lock:
                         if not self._closed:
                             self._subscribe()
+                            self._gaps[-1][1] = time.time()
                     break
                 except Exception as exc:
                     why = exc
@@ -134,6 +143,8 @@ class ExitWatcher:
                 verdict = Verdict(None, "removed", code, time.time())
             elif deadline is not None and time.time() >= deadline - 1.0:
                 verdict = Verdict("TIMEOUT", "its ttl_s ran out", code, time.time())
+            elif code == KILLED and self._in_gap(ev):
+                verdict = Verdict("REMOVED", _ENGINE_RESTART_MSG, code, time.time())
             elif code == KILLED:
                 verdict = Verdict(
                     "REMOVED", "its main process was SIGKILLed, not by sandgym (docker kill/rm, prune, or a kill of "
@@ -154,6 +165,15 @@ class ExitWatcher:
         if ttl_s is not None:
             with self._lock:
                 self._deadlines[cid] = time.time() + ttl_s
+
+    def _in_gap(self, ev: dict) -> bool:  # type: ignore[type-arg]
+        """Whether the event happened while the stream was down: the engine restarting."""
+        t = int(ev.get("timeNano") or 0) / 1e9 or float(ev.get("time") or 0)
+        return any(start <= t <= end for start, end in self._gaps)
+
+    def engine_went_away_since(self, t: float) -> bool:
+        """Whether the event stream ended (the engine stopped or restarted) after wall time `t`."""
+        return any(start >= t for start, _ in self._gaps)
 
     def removing(self, cid: str) -> None:
         with self._lock:
