@@ -19,8 +19,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import docker
+from docker.types.daemon import CancellableStream
 
 from ...spec import LABEL_OWNER
 
@@ -57,7 +59,7 @@ class ExitWatcher:
         self._oom: set[str] = set()
         self._ours: set[str] = set()  # being removed by this provider
         self._deadlines: dict[str, float] = {}  # id -> wall-clock end of its ttl_s
-        self._stream = None
+        self._stream: CancellableStream | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
         self._last_seen = 0.0  # time of the last event received
@@ -88,7 +90,7 @@ class ExitWatcher:
         while True:
             stream = self._stream
             try:
-                for ev in stream:  # type: ignore[union-attr]
+                for ev in stream or ():
                     wait = RESUBSCRIBE_S[0]
                     self._last_seen = float(ev.get("time") or time.time())
                     try:
@@ -166,7 +168,7 @@ class ExitWatcher:
             with self._lock:
                 self._deadlines[cid] = time.time() + ttl_s
 
-    def _in_gap(self, ev: dict) -> bool:  # type: ignore[type-arg]
+    def _in_gap(self, ev: dict[str, Any]) -> bool:
         """Whether the event happened while the stream was down: the engine restarting."""
         t = int(ev.get("timeNano") or 0) / 1e9 or float(ev.get("time") or 0)
         return any(start <= t <= end for start, end in self._gaps)

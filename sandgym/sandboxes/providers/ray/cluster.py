@@ -144,7 +144,7 @@ def _token_mode() -> None:
     if "ray._raylet" in sys.modules:
         # Ray reads the mode into its config when imported: refresh it, as Ray itself does
         # when it turns authentication on (`_enable_token_auth`).
-        from ray._raylet import Config
+        from ray._raylet import Config  # type: ignore[attr-defined]  # a Cython module mypy cannot see into
 
         Config.initialize("")
 
