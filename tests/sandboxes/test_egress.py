@@ -6,13 +6,12 @@ from __future__ import annotations
 import http.server
 import io
 import threading
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from sandgym.sandboxes.errors import SandboxCreateError, SandboxError, SpecError
+from sandgym.sandboxes.errors import SandboxCreateError, SandboxError
 from sandgym.sandboxes.ownership import owner_labels
 from sandgym.sandboxes.providers.docker import DockerProvider, DockerSandbox
 from sandgym.sandboxes.spec import EgressPolicy, SandboxSpec

@@ -18,6 +18,7 @@ from sandgym.swe.tasks import RecipeError, SWETask
 from tests.conftest import require
 
 require("swebench")
+import swebench  # noqa: E402
 from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS  # noqa: E402
 
 

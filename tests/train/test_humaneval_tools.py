@@ -8,11 +8,12 @@ on CPU, ~100-200 steps) to answer every prompt with one fixed Hermes-style tool 
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.conftest import require
 
 pytestmark = pytest.mark.docker
 
