@@ -102,8 +102,7 @@ async def test_a_node_warms_no_more_than_its_cores_run(cluster: Any) -> None:
             assert info["live"] <= slots, info
     finally:
         await anyio.to_thread.run_sync(stop_agents, [wide])
-        cluster.kill_node(wide)
-        cluster.names.remove(wide)
+        cluster.remove_node(wide)
 
 
 def test_a_driver_without_the_token_is_refused(cluster: Any, tmp_path: Path) -> None:

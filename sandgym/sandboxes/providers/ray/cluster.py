@@ -332,6 +332,11 @@ class LocalCluster:
         self._cluster.remove_node(node, allow_graceful=False)
         del self._nodes[name]
 
+    def remove_node(self, name: str) -> None:
+        """`kill_node` for a node that is not coming back: its name leaves `names` too."""
+        self.kill_node(name)
+        self.names.remove(name)
+
     def node_id(self, name: str) -> str:
         return str(self._nodes[name].node_id)
 
