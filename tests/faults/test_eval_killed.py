@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = [pytest.mark.docker]
 
@@ -34,7 +34,7 @@ def _containers_of_pid(pid: int) -> list[str]:
 
 
 def test_eval_sigkilled_then_pruned_and_resumed(tmp_path: Path) -> None:
-    require_docker()
+    require("docker")
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "sandgym", "eval", "humaneval", "--policy", "oracle", "-n", str(N), "-r", str(R), "-c", "2", "--provider", "docker"]
     env = {**os.environ, "SANDGYM_ORPHAN_GRACE_S": "600"}

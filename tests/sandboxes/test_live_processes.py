@@ -18,7 +18,7 @@ from sandgym.sandboxes.execd import ExecdLiveProcess, ExecdRequestError
 from sandgym.sandboxes.live import LiveProcess, ShellLiveProcess
 from sandgym.sandboxes.providers.docker import DockerProvider
 from sandgym.sandboxes.providers.docker.live import DockerLiveProcess
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = pytest.mark.anyio
 
@@ -32,7 +32,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 async def sandbox() -> AsyncIterator[ManagedSandbox]:
-    require_docker()
+    require("docker")
     async with SandboxManager("docker", max_sandboxes=1) as mgr:
         sb = await mgr.acquire(SPEC)
         try:
@@ -44,7 +44,7 @@ async def sandbox() -> AsyncIterator[ManagedSandbox]:
 @pytest.fixture(scope="module")
 async def no_execd_sandbox() -> AsyncIterator[ManagedSandbox]:
     """A sandbox whose commands go through `docker exec` (as for images without python3)."""
-    require_docker()
+    require("docker")
     async with SandboxManager(DockerProvider(execd=False), max_sandboxes=1) as mgr:
         sb = await mgr.acquire(SPEC)
         try:
@@ -121,7 +121,7 @@ async def test_exit_code_env_and_cwd(kind_sandbox: ManagedSandbox, kind: str) ->
 
 async def test_docker_live_process_with_a_high_fd(fds_past_1024: None) -> None:
     """select() cannot watch fds >= 1024; the docker live process must work past that."""
-    require_docker()
+    require("docker")
     # A provider made now: its engine connections (and the exec socket) are opened above 1024.
     async with SandboxManager(DockerProvider(execd=False), max_sandboxes=1) as mgr:
         sb = await mgr.acquire(SandboxSpec(memory_mb=256, disk_mb=64))
@@ -192,7 +192,7 @@ async def test_execd_start_failure_is_an_error(sandbox: ManagedSandbox, argv: li
 
 async def test_execd_live_process_under_gvisor() -> None:
     """The vm profile (gVisor, whose 2022 kernel lacks pidfd_open: execd polls for the exit)."""
-    require_docker()
+    require("docker")
     provider = DockerProvider()
     vm = SPEC.model_copy(update={"profile": "vm"})
     try:

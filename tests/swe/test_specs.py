@@ -14,9 +14,11 @@ from sandgym.swe import pins
 from sandgym.swe.bundled import init_repo
 from sandgym.swe.specs import RecipeResolver, conda_to_pip, load_recipes_file, recipe_from_spec
 from sandgym.swe.tasks import RecipeError, SWETask
+from tests.conftest import require
 
-swebench = pytest.importorskip("swebench", reason="the swebench package (sandgym[swe]) is not installed")
-from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS  # noqa: E402
+require("swebench")
+import swebench
+from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
 
 
 def _task(repo: str, version: str, **kw: object) -> SWETask:

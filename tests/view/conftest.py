@@ -124,9 +124,9 @@ class Runs:
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
-    from tests.conftest import require_docker
+    from tests.conftest import require
 
-    require_docker()
+    require("docker")
     from sandgym.swe.bundled import load_bundled
 
     keep = os.environ.get("SANDGYM_VIEW_RUNS")  # relative: to the repository (screenshots show no machine paths)

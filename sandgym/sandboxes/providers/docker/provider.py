@@ -54,6 +54,7 @@ from typing import Any, TypeVar
 import anyio
 import docker
 import docker.errors
+import requests
 from anyio import to_thread
 from docker.types import DeviceRequest, Ulimit
 
@@ -539,7 +540,14 @@ class DockerProvider:
 
     def check(self, spec: SandboxSpec) -> None:
         """Refuse, naming the field and the allowed range, what this engine cannot honour.
-        A missing image is fine unless image_pull='never' (it is pulled at create)."""
+        A missing image is fine unless image_pull='never' (it is pulled at create). An
+        engine that does not answer (restarting, down) is SandboxCreateError."""
+        try:
+            self._check(spec)
+        except requests.exceptions.RequestException as exc:
+            raise SandboxCreateError(f"the Docker engine does not answer: {exc}") from exc
+
+    def _check(self, spec: SandboxSpec) -> None:
         image = self.resolve_image(spec.image)
         found = self.puller.present(image) if spec.image_pull != "never" else self.puller.ensure(image, "never", spec.image)
         if found is not None:
@@ -964,10 +972,17 @@ class DockerProvider:
         fallback sandbox whether the image has python3: if not, remember that for the image
         so later sandboxes go straight to docker exec; otherwise it was this sandbox's
         trouble (e.g. too little memory for execd)."""
-        probe = await transport.exec(
-            ["sh", "-c", "command -v python3"], timeout=10, limit=4096, env=None, cwd="/", stdin=None
-        )
-        if probe.exit_code != 0:
+        try:
+            probe = await transport.exec(
+                ["sh", "-c", "command -v python3 || echo no-python3"], timeout=10, limit=4096, env=None, cwd="/",
+                stdin=None,
+            )
+        except Exception as exc:  # the engine in trouble (a restart): it says nothing of the image
+            log.warning("execd for image %s ended at start, and the image could not be probed: %r", spec.image, exc)
+            return
+        # Only the probe's own answer marks the image: a failed `docker exec` (an engine
+        # restart, this sandbox gone) is no evidence, and the mark lasts as long as the provider.
+        if probe.exit_code == 0 and probe.stdout.strip() == "no-python3":
             image = self.resolve_image(spec.image)
             self._execd_images[self._image_ids.get(image, image)] = False
             log.info("image %s has no python3; its sandboxes use docker exec", spec.image)
@@ -1046,8 +1061,11 @@ class DockerProvider:
                                status=str(st.get("Status", "exited")), error_type=etype,
                                error_message=f"exited with code {st.get('ExitCode')}",
                                exit_code=st.get("ExitCode"))
-        return SandboxInfo(id=cid, provider=self.name, status="gone", error_type="LOST",
-                           error_message="gone, and the engine's events did not say why")
+        why = "gone, and the engine's events did not say why"
+        if box is not None and self._watcher.engine_went_away_since(box.created_at):
+            why = ("gone after the Docker engine went away and came back (a restart): Docker before 24.0.8 "
+                   "removes --rm containers, sandgym's, when it restarts, even with live-restore (moby/moby#46308)")
+        return SandboxInfo(id=cid, provider=self.name, status="gone", error_type="LOST", error_message=why)
 
     async def adopt(self, container_id: str, spec: SandboxSpec) -> DockerSandbox:
         """A running container made earlier from `spec` (by this or another process, e.g.
