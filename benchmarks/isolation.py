@@ -12,6 +12,16 @@ Measured: create-to-ready (create + first `true`), exec round trip of `true`, a 
 program (300k sha256 in python) and a syscall-heavy one (100k os.stat). Ratios are against
 strict/runc/loop (what a sandbox costs today).
 
+Also the floor of any exec path: inside each sandbox, `posix_spawn("/bin/true")` + wait,
+50 times, timed by the sandbox itself (no host, no execd).
+
+    python benchmarks/isolation.py --before REF [--rounds 2] [--creates 5] [--execs 50] [--reps 3]
+
+measures the runtimes part with this script against REF's library (its tree exported with
+`git archive`, imported through PYTHONPATH) and this tree's, in alternating subprocesses
+(before, after, after, before, ...), and prints both tables and the ratios vm/strict of
+each. Egress is left out in that mode.
+
 Egress: `pip download requests==2.32.3` (5 wheels, no cache) from the host directly vs from
 a strict/runc and a vm/gVisor sandbox through relay -> forwarder -> squid, alternating; and
 20 HTTPS GETs of https://pypi.org/simple/six/ (new connection each). Skipped when PyPI is
@@ -38,6 +48,9 @@ from sandgym.sandboxes.providers.docker import DockerProvider
 
 CPU = "import hashlib\nh=b'x'\nfor _ in range(300000): h=hashlib.sha256(h).digest()"
 SYSCALLS = "import os\nfor _ in range(100000): os.stat('/')"
+SPAWN = ("import os, statistics, time\nxs = []\nfor _ in range(53):\n    t = time.monotonic()\n"
+         "    os.waitpid(os.posix_spawn('/bin/true', ['true'], {}), 0)\n    xs.append(time.monotonic() - t)\n"
+         "print(statistics.median(xs[3:]))")
 GETS = ("import time, urllib.request\nts=[]\nfor _ in range(20):\n    t=time.perf_counter()\n"
         "    urllib.request.urlopen('https://pypi.org/simple/six/', timeout=30).read()\n"
         "    ts.append(time.perf_counter()-t)\nts.sort(); print(ts[len(ts)//2])")
@@ -63,7 +76,7 @@ async def bench_runtimes(args: argparse.Namespace) -> dict[str, dict[str, float]
         except Exception as exc:
             print(f"skipping {name}: {exc}", file=sys.stderr)
             del providers[name]
-    raw: dict[str, dict[str, list[float]]] = {n: {"create": [], "exec": [], "cpu": [], "sys": []} for n in providers}
+    raw: dict[str, dict[str, list[float]]] = {n: {"create": [], "exec": [], "cpu": [], "sys": [], "spawn": []} for n in providers}
     live = {}
     try:
         for _ in range(args.creates):  # interleaved: every configuration sees the same load
@@ -84,6 +97,10 @@ async def bench_runtimes(args: argparse.Namespace) -> dict[str, dict[str, float]
                 await sb.exec(["true"])
                 raw[name]["exec"].append(time.perf_counter() - t)
         for _ in range(args.reps):
+            for name, sb in live.items():
+                r = await sb.exec(["python3", "-c", SPAWN], timeout=300)
+                assert r.exit_code == 0, r.stderr
+                raw[name]["spawn"].append(float(r.stdout))
             for key, code in (("cpu", CPU), ("sys", SYSCALLS)):
                 for name, sb in live.items():
                     t = time.perf_counter()
@@ -147,6 +164,61 @@ async def bench_egress(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     return {n: {k: med(v) for k, v in d.items()} for n, d in out.items()}
 
 
+def print_runtimes(rt: dict[str, dict[str, float]], title: str) -> None:
+    base = rt.get("strict/runc/loop")
+    print(f"\n{title} (medians; ratio = / strict/runc/loop)")
+    print(f"| {'sandbox':<18} | create-to-ready ms | exec `true` ms | spawn floor ms | CPU-bound s | syscall-heavy s |")
+    print("|" + "---|" * 6)
+    for name, m in rt.items():
+        def cell(k: str, scale: float, fmt: str, m: dict[str, float] = m) -> str:
+            ratio = f" ({m[k] / base[k]:.2f}x)" if base and base.get(k) else ""
+            return f"{m[k] * scale:{fmt}}{ratio}"
+        print(f"| {name:<18} | {cell('create', 1000, '.0f')} | {cell('exec', 1000, '.2f')} | "
+              f"{cell('spawn', 1000, '.2f')} | {cell('cpu', 1, '.3f')} | {cell('sys', 1, '.3f')} |")
+
+
+def before_after(args: argparse.Namespace) -> None:
+    """This script's runtimes part against REF's library and this tree's, alternating."""
+    import json
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from platform_exec import export_tree
+
+    with tempfile.TemporaryDirectory(prefix="bench-before-") as tree:
+        commit = export_tree(args.before, tree)
+        trees = {f"before ({args.before}, {commit})": tree, "after (this tree)": here}
+        runs: dict[str, list[dict[str, dict[str, float]]]] = {k: [] for k in trees}
+        loads = []
+        for rnd in range(args.rounds):
+            for label in (list(trees) if rnd % 2 == 0 else list(trees)[::-1]):
+                env = {**os.environ, "PYTHONPATH": trees[label]}
+                cmd = [sys.executable, os.path.abspath(__file__), "--runtimes-json", "--creates", str(args.creates),
+                       "--execs", str(args.execs), "--reps", str(args.reps)]
+                l0 = os.getloadavg()
+                out = subprocess.run(cmd, env=env, cwd=trees[label], capture_output=True, text=True, check=True)
+                loads.append(f"round {rnd + 1} {label}: load {l0[0]:.1f} -> {os.getloadavg()[0]:.1f}")
+                runs[label].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} CPUs; rounds={args.rounds} "
+          f"creates={args.creates} execs={args.execs} reps={args.reps}")
+    for line in loads:
+        print("  " + line)
+    summary = {}
+    for label, rs in runs.items():
+        med_rt = {n: {k: med([r[n][k] for r in rs]) for k in rs[0][n]} for n in rs[0]}
+        summary[label] = med_rt
+        print_runtimes(med_rt, f"{label}, median over rounds")
+    print("\nvm/gVisor / strict/runc/loop, before -> after")
+    print("| measure | before | after |")
+    print("|---|---|---|")
+    (b, a) = summary.values()
+    for k, name in (("create", "create-to-ready"), ("exec", "exec `true` p50"), ("spawn", "spawn floor"),
+                    ("cpu", "CPU-bound"), ("sys", "syscall-heavy")):
+        rb = b["vm/gVisor"][k] / b["strict/runc/loop"][k]
+        ra = a["vm/gVisor"][k] / a["strict/runc/loop"][k]
+        print(f"| {name} | {rb:.2f}x | {ra:.2f}x |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--creates", type=int, default=5)
@@ -154,7 +226,18 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--pip-reps", type=int, default=3)
     ap.add_argument("--skip-egress", action="store_true")
+    ap.add_argument("--before", metavar="REF", help="runtimes only: REF's library vs this tree's, alternating")
+    ap.add_argument("--rounds", type=int, default=2, help="with --before: subprocess runs per side")
+    ap.add_argument("--runtimes-json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.runtimes_json:
+        import json
+
+        print(json.dumps(anyio.run(bench_runtimes, args)))
+        return
+    if args.before:
+        before_after(args)
+        return
     load0 = os.getloadavg()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rt = anyio.run(bench_runtimes, args)
@@ -164,16 +247,7 @@ def main() -> None:
 
     print(f"\n{started}; load average before {load0[0]:.1f}/{load0[1]:.1f}/{load0[2]:.1f}, "
           f"after {load1[0]:.1f}/{load1[1]:.1f}/{load1[2]:.1f}; {os.cpu_count()} CPUs")
-    base = rt.get("strict/runc/loop")
-    print("\nruntimes (medians; ratio = / strict/runc/loop)")
-    print(f"| {'sandbox':<18} | create-to-ready ms | exec `true` ms | CPU-bound s | syscall-heavy s |")
-    print("|" + "---|" * 5)
-    for name, m in rt.items():
-        def cell(k: str, scale: float, fmt: str, m: dict[str, float] = m) -> str:
-            ratio = f" ({m[k] / base[k]:.2f}x)" if base and base[k] else ""
-            return f"{m[k] * scale:{fmt}}{ratio}"
-        print(f"| {name:<18} | {cell('create', 1000, '.0f')} | {cell('exec', 1000, '.2f')} | "
-              f"{cell('cpu', 1, '.3f')} | {cell('sys', 1, '.3f')} |")
+    print_runtimes(rt, "runtimes")
     if eg:
         host = eg["host, direct"]
         print("\negress (medians; ratio = / host, direct)")

@@ -1,14 +1,45 @@
-"""Shared fixtures: real providers (docker engine, local processes, prime via `sandgym serve`)."""
+"""Shared fixtures: real providers (docker engine, local processes, prime via `sandgym serve`),
+and the one place that decides whether a test may run here: `require(...)`.
+
+A test that needs something of the machine says so with `require("docker", "vm")` (or the
+`requires("docker", "vm")` marker; the `docker` marker is `requires("docker")`). Where it is
+missing the test is skipped, saying what is missing and how to get it -- except under CI=true
+for what scripts/bootstrap.sh installs (the engine, the images, gVisor, squid, the registry,
+bubblewrap, the Python extras): there a missing one is a broken CI machine, and the test
+*fails*. Only what CI genuinely lacks (a GPU; PyPI when the machine is offline) is skipped in
+CI too. `lacking(why)` is the same rule for a mechanism a test finds missing itself.
+"""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-from collections.abc import AsyncIterator
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from collections.abc import AsyncIterator, Callable
+from typing import NoReturn
 
 import pytest
 
 from sandgym.sandboxes import Provider, SandboxSpec, get_provider
+from sandgym.sandboxes.spec import EgressPolicy
+
+CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+BOOTSTRAP = "scripts/bootstrap.sh installs it"
+
+
+def lacking(why: str, *, ci_has_it: bool = True) -> NoReturn:
+    """Skip the test (or the module, when called at import), saying why; under CI=true fail
+    instead when CI is meant to have what is missing (`ci_has_it`)."""
+    if CI and ci_has_it:
+        pytest.fail(f"CI=true, and CI must have this: {why}", pytrace=False)
+    pytest.skip(why, allow_module_level=True)
+
+
+# ---- the capabilities -------------------------------------------------------------------
 
 
 @functools.cache
@@ -18,17 +49,186 @@ def docker_ready() -> str | None:
         import docker
 
         client = docker.from_env()
-        client.ping()
-        client.images.get(SandboxSpec().image)
+        try:
+            client.ping()
+            client.images.get(SandboxSpec().image)
+        finally:
+            client.close()
     except Exception as exc:  # engine down or image missing
-        return f"docker not ready: {exc!r} (run .ci/run or `sandgym images build`)"
+        return f"docker not ready: {exc!r} ({BOOTSTRAP}; or `sandgym images build`)"
     return None
 
 
-def require_docker() -> None:
-    reason = docker_ready()
-    if reason:
-        pytest.skip(reason)
+def _image(ref: str) -> str | None:
+    if why := docker_ready():
+        return why
+    import docker
+
+    client = docker.from_env()
+    try:
+        client.images.get(ref)
+    except Exception as exc:
+        return f"image {ref} is missing: {exc!r} (`sandgym images build`; {BOOTSTRAP})"
+    finally:
+        client.close()
+    return None
+
+
+def _docker_check(spec: SandboxSpec, what: str) -> str | None:
+    """None when the docker provider accepts `spec` (its `check`), else its SpecError."""
+    if why := docker_ready():
+        return why
+    from sandgym.sandboxes.errors import SpecError
+    from sandgym.sandboxes.providers.docker.provider import DockerProvider
+
+    provider = DockerProvider()
+    try:
+        provider.check(spec)
+    except SpecError as exc:
+        return f"this engine cannot run {what}: {exc}"
+    finally:
+        provider.client.close()
+    return None
+
+
+def _disks() -> str | None:
+    if why := docker_ready():
+        return why
+    from sandgym.sandboxes.providers.docker.provider import DockerProvider
+
+    provider = DockerProvider()
+    try:
+        why = provider._loop_unavailable()
+    finally:
+        provider.client.close()
+    return f"no per-sandbox disks here: {why}" if why else None
+
+
+def _binary(name: str, package: str) -> str | None:
+    if shutil.which(name) or os.path.exists(f"/usr/sbin/{name}"):
+        return None
+    return f"{name} is not installed (apt-get install {package}; {BOOTSTRAP})"
+
+
+def _bwrap() -> str | None:
+    from sandgym.sandboxes.providers.local import LocalProvider
+
+    caps = LocalProvider().capabilities
+    return None if caps.bwrap else f"bubblewrap is unusable here: {caps.bwrap_error} ({BOOTSTRAP})"
+
+
+def _package(module: str, install: str) -> Callable[[], str | None]:
+    """`install`: the command that installs it ("pip install -e '.[ray]'")."""
+
+    def check() -> str | None:
+        if importlib.util.find_spec(module) is not None:
+            return None
+        return f"the Python package {module} is not installed ({install}; {BOOTSTRAP})"
+
+    return check
+
+
+def pypi_reachable(package: str = "six") -> str | None:
+    """None when pip's index answers for `package`, else why not."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "index", "versions", package], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        return "PyPI is unreachable: pip index timed out after 60 s"
+    if out.returncode != 0:
+        return "PyPI is unreachable: " + (out.stderr.strip().splitlines() or ["pip index failed"])[-1]
+    try:
+        urllib.request.urlopen(f"https://pypi.org/simple/{package}/", timeout=10).close()
+    except Exception as exc:
+        return f"PyPI is unreachable from this host: {exc!r}"
+    return None
+
+
+def _gpu() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "no GPU: torch is not installed"
+    return None if torch.cuda.is_available() else "no CUDA device here"
+
+
+_VM = SandboxSpec(profile="vm", memory_mb=512, disk_mb=256)
+_EGRESS = SandboxSpec(memory_mb=512, disk_mb=256, egress=EgressPolicy.nothing())
+
+# name -> (check, whether CI must have it). bootstrap.sh installs everything marked True.
+CAPABILITIES: dict[str, tuple[Callable[[], str | None], bool]] = {
+    "docker": (docker_ready, True),
+    "vm": (lambda: _docker_check(_VM, "vm (gVisor) sandboxes"), True),
+    "disks": (_disks, True),
+    "squid": (lambda: _binary("squid", "squid"), True),
+    "egress": (lambda: _binary("squid", "squid") or _docker_check(_EGRESS, "sandboxes with egress"), True),
+    "registry": (lambda: _binary("docker-registry", "docker-registry"), True),
+    "htpasswd": (lambda: _binary("htpasswd", "apache2-utils"), True),
+    "bwrap": (_bwrap, True),
+    "nsenter": (lambda: _binary("nsenter", "util-linux"), True),
+    "ray": (_package("ray", "pip install -e '.[ray]'"), True),
+    "torch": (_package("torch", "pip install -e '.[train]'"), True),
+    "swebench": (_package("swebench", "pip install -e '.[swe]'"), True),
+    "schemathesis": (_package("schemathesis", "pip install -e '.[test]'"), True),
+    "prime_sandboxes": (_package("prime_sandboxes", "pip install -e '.[platform]'"), True),
+    "reasoning_gym": (_package("reasoning_gym", "pip install -e '.[bench]'"), True),
+    "bfcl_eval": (_package("bfcl_eval", "pip install --no-deps bfcl-eval==2026.3.23"), True),
+    # What CI may genuinely lack: skipped there too, saying why.
+    "pypi": (pypi_reachable, False),
+    "gpu": (_gpu, False),
+}
+
+
+@functools.cache
+def missing(capability: str) -> str | None:
+    """Why `capability` is unavailable here, or None. `image:REF` is a local image."""
+    if capability.startswith("image:"):
+        return _image(capability.removeprefix("image:"))
+    if capability not in CAPABILITIES:
+        raise ValueError(f"unknown capability {capability!r}; known: image:REF, {', '.join(CAPABILITIES)}")
+    return CAPABILITIES[capability][0]()
+
+
+def require(*capabilities: str) -> None:
+    """Skip the test (or the module, at import) unless every capability is here; under CI=true
+    a missing capability that bootstrap installs fails it instead."""
+    for cap in capabilities:
+        why = missing(cap)
+        if why:
+            lacking(why, ci_has_it=cap.startswith("image:") or CAPABILITIES[cap][1])
+
+
+def available(capability: str) -> bool:
+    """For a test that covers more where a capability is there (the vm profile too, say):
+    whether it is here. Under CI=true, where bootstrap installs it, missing fails the test, so
+    the optional part cannot go quiet in CI."""
+    if missing(capability) is None:
+        return True
+    if CI and (capability.startswith("image:") or CAPABILITIES[capability][1]):
+        lacking(str(missing(capability)))
+    return False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`slow` tests first, those with the largest time bound first among them (stable
+    otherwise): with workers (.ci/run's `-n 2 --dist loadfile`) the longest file starts at
+    once beside the rest instead of being the run's tail."""
+
+    def key(item: pytest.Item) -> tuple[bool, float]:
+        bound = item.get_closest_marker("timeout")
+        return item.get_closest_marker("slow") is None, -float(bound.args[0] if bound and bound.args else 0)
+
+    items.sort(key=key)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The `requires(...)` and `docker` markers, checked before any fixture is made."""
+    if item.get_closest_marker("docker") is not None:
+        require("docker")
+    for mark in item.iter_markers("requires"):
+        require(*mark.args)
 
 
 @pytest.fixture
@@ -38,13 +238,11 @@ def anyio_backend() -> str:
 
 async def _make_provider(name: str) -> AsyncIterator[Provider]:
     if name == "docker":
-        require_docker()
+        require("docker")
         yield get_provider("docker")
     elif name == "local":
         yield get_provider("local")
     elif name == "prime":
-        if importlib.util.find_spec("sandgym.platform.testing") is None:
-            pytest.skip("prime provider needs sandgym.platform.testing (platform service) to serve on 127.0.0.1")
         from sandgym.platform.testing import prime_provider_for_tests
 
         async with prime_provider_for_tests() as p:

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-REGISTRY = shutil.which("docker-registry")
-MISSING = "docker-registry is not installed (apt-get install docker-registry; scripts/bootstrap.sh does)"
+from tests.conftest import require
 
 
 def free_port() -> int:
@@ -30,8 +29,7 @@ def free_port() -> int:
 def local_registry(d: Path, *, htpasswd: Path | None = None) -> Iterator[str]:
     """Serve a registry with its storage under `d`; yields `127.0.0.1:PORT`. With
     `htpasswd`, pulls and pushes need those credentials."""
-    if REGISTRY is None:
-        pytest.skip(MISSING)
+    require("registry")
     d.mkdir(parents=True, exist_ok=True)
     port = free_port()
     conf = [
@@ -44,7 +42,7 @@ def local_registry(d: Path, *, htpasswd: Path | None = None) -> Iterator[str]:
         conf.append(f"auth: {{htpasswd: {{realm: sandgym-test, path: {htpasswd}}}}}")
     (d / "config.yml").write_text("\n".join(conf) + "\n")
     with open(d / "registry.log", "wb") as err:
-        proc = subprocess.Popen([REGISTRY, "serve", str(d / "config.yml")], stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(["docker-registry", "serve", str(d / "config.yml")], stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + 30
         while True:

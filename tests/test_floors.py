@@ -23,8 +23,9 @@ FLOORS = {
     "fleet": 7,
     "train": 8,
     "models": 8,
-    "cli": 9,
-    "__main__": 9,
+    "view": 9,
+    "cli": 10,
+    "__main__": 10,
 }
 
 

@@ -20,6 +20,10 @@ app = typer.Typer(
     help="Code-execution environments for LLM agents: sandboxes, evals, SWE debug runs, GRPO.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
+    # Plain click help: typer's rich help imports rich's markdown, syntax and traceback
+    # modules (pygments, markdown-it: ~200 modules), most of `sandgym --help`'s start time.
+    # Command output still uses rich.
+    rich_markup_mode=None,
 )
 
 
@@ -31,7 +35,7 @@ def _options(
 
 
 # Command modules, in help order; each must exist and define register(app).
-_COMMANDS = ("eval", "bfcl", "swe", "sandbox", "images", "serve", "ray", "sft", "train", "doctor")
+_COMMANDS = ("eval", "bfcl", "swe", "view", "sandbox", "images", "serve", "ray", "sft", "train", "doctor")
 
 
 def _register() -> None:
@@ -52,6 +56,7 @@ def main(args: Sequence[str] | None = None) -> None:
         sys.exit(1)
     except Exception as exc:
         if errors.is_no_args_help(exc):
+            print(exc.format_message())  # type: ignore[attr-defined]  # the group's help
             sys.exit(2)
         message = errors.user_error_message(exc)
         if message is None:

@@ -8,9 +8,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 if TYPE_CHECKING:  # docker's SDK is imported when a check needs it
     from docker import DockerClient
@@ -44,7 +41,11 @@ def _docker_checks() -> list[Check]:
 
     for r in img.RECIPES:
         ok = img.image_exists(client, r.tag)
-        checks.append(Check(f"image {r.tag}", ok, "present" if ok else "missing", "sandgym images build"))
+        if r.first_use:  # an environment's image: its first sandbox builds it
+            checks.append(Check(f"image {r.tag}", ok, "present" if ok else "not built yet: built on first use",
+                                f"sandgym images build {r.name}", required=False))
+        else:
+            checks.append(Check(f"image {r.tag}", ok, "present" if ok else "missing", "sandgym images build --core"))
     return checks + _isolation_checks(client, info)
 
 
@@ -107,6 +108,10 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def doctor() -> None:
         """Check the Docker engine, images, bubblewrap and optional extras."""
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.table import Table
+
         checks = _docker_checks() + [
             _local_check(),
             Check("debootstrap (base image)", shutil.which("debootstrap") is not None,

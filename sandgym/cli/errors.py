@@ -37,7 +37,7 @@ def _usage_error_types() -> tuple[type[Exception], ...]:
 
 
 def is_no_args_help(exc: BaseException) -> bool:
-    """A group called without a command: typer has printed its help already (exit 2)."""
+    """A group called without a command: the exception's message is the group's help (exit 2)."""
     return type(exc).__name__ == "NoArgsIsHelpError"
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
-console = Console(stderr=True)
+from sandgym.cli.consoles import LazyConsole
+
+console = LazyConsole(stderr=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -17,6 +18,7 @@ def register(app: typer.Typer) -> None:
     @images.command("build")
     def build_cmd(
         names: Annotated[Optional[list[str]], typer.Argument(help="Images to build (default: all).")] = None,
+        core: Annotated[bool, typer.Option("--core", help="Only the images every default sandbox needs (base, python); environments' own images are built on first use.")] = False,
         base: Annotated[Optional[str], typer.Option(help="Start from this public image instead of debootstrap.")] = None,
         force: Annotated[bool, typer.Option(help="Rebuild even when present.")] = False,
         python: Annotated[Optional[str], typer.Option(
@@ -25,6 +27,11 @@ def register(app: typer.Typer) -> None:
         """Build the images that are missing (base via debootstrap + docker import, then Dockerfiles)."""
         from sandgym.sandboxes.providers.docker import images as img
 
+        if core:
+            if names:
+                console.print("[red]give image names or --core, not both[/]")
+                raise typer.Exit(2)
+            names = img.core_names()
         with console.status("checking images...") as status:
             def step(recipe: img.ImageRecipe) -> None:
                 status.update(f"building [bold]{recipe.tag}[/]: {recipe.description}")
@@ -50,5 +57,8 @@ def register(app: typer.Typer) -> None:
         client = docker.from_env()
         extra = [r for v in img.PYTHON_SUITES for r in img.python_recipes(v) if r.name == "python"]
         for r in [*img.RECIPES, *extra]:
-            mark = "[green]present[/]" if img.image_exists(client, r.tag) else "[red]missing[/]"
+            if img.image_exists(client, r.tag):
+                mark = "[green]present[/]"
+            else:
+                mark = "[yellow]first use[/]" if r.first_use or r not in img.RECIPES else "[red]missing[/]"
             console.print(f"{r.tag:28} {mark}  {r.description}")

@@ -1,5 +1,9 @@
 """`sandgym ray`: a local Ray cluster of sandgym nodes (`up`), and what a cluster's nodes hold
-(`status`). Real machines join with plain `ray start ... --resources` (docs/scale-out.md)."""
+(`status`). Real machines join with plain `ray start ... --resources` (docs/scale-out.md).
+
+`up` runs the cluster with Ray's token authentication (RAY_AUTH_MODE=token; the token from
+$RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, made there when there is none)
+and without usage-stats reporting; drivers on this machine find the token by themselves."""
 
 from __future__ import annotations
 
@@ -15,9 +19,11 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 
-err = Console(stderr=True)
+from sandgym.cli.consoles import LazyConsole
+
+err = LazyConsole(stderr=True)
+out = LazyConsole()
 
 ray_app = typer.Typer(help="Ray clusters of sandgym nodes: sandboxes and rollouts across machines.", no_args_is_help=True)
 
@@ -30,7 +36,9 @@ def _state_dir(port: int) -> Path:
 @ray_app.command("up")
 def up(
     nodes: Annotated[int, typer.Option("--nodes", "-n", help="Simulated nodes (the first is the head).")] = 3,
-    max_sandboxes: Annotated[int, typer.Option("--max-sandboxes", help="Hard cap on live sandboxes per node.")] = 4,
+    max_sandboxes: Annotated[Optional[int], typer.Option(
+        "--max-sandboxes", help="Hard cap on live sandboxes per node (default: what this machine's cores can score, "
+                                "shared by the nodes).")] = None,
     num_cpus: Annotated[float, typer.Option("--num-cpus", help="Ray CPUs per node (sandboxes do not use them).")] = 1,
     num_gpus: Annotated[float, typer.Option("--num-gpus", help="Logical GPUs per node (placement tests).")] = 0,
     port: Annotated[int, typer.Option("--port", help="The head's GCS port: the address is 127.0.0.1:PORT.")] = 6379,
@@ -44,15 +52,19 @@ def up(
     machine and its Docker engine: a simulation for trying multi-node runs, not capacity."""
     if nodes < 1:
         raise typer.BadParameter("--nodes must be >= 1")
-    if not foreground:
-        argv = ["ray", "up", "--foreground", "--nodes", str(nodes), "--max-sandboxes", str(max_sandboxes),
-                "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus), "--port", str(port), "--prefix", prefix]
-        _detach(argv, port, address_file, timeout)
-        return
-    from sandgym.sandboxes.providers.ray.cluster import LocalCluster
+    if max_sandboxes is not None and max_sandboxes < 1:
+        raise typer.BadParameter("--max-sandboxes must be >= 1")
+    from sandgym.sandboxes.providers.ray.cluster import LocalCluster, enable_token_auth, shared_node_cap
 
-    cluster = LocalCluster([f"{prefix}{i}" for i in range(nodes)], max_sandboxes_per_node=max_sandboxes,
-                           num_cpus=num_cpus, num_gpus=num_gpus, head_port=port)
+    cap = max_sandboxes or shared_node_cap(nodes)
+    if not foreground:
+        token = enable_token_auth(generate=True)  # here, so a token made now is there before the nodes
+        argv = ["ray", "up", "--foreground", "--nodes", str(nodes), "--max-sandboxes", str(cap),
+                "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus), "--port", str(port), "--prefix", prefix]
+        _detach(argv, port, address_file, timeout, token)
+        return
+    cluster = LocalCluster([f"{prefix}{i}" for i in range(nodes)], max_sandboxes_per_node=cap,
+                           num_cpus=num_cpus, num_gpus=num_gpus, head_port=port, auth=True)
     stop = threading.Event()
     try:
         address = cluster.start()
@@ -60,7 +72,8 @@ def up(
             signal.signal(sig, lambda *_: stop.set())
         if address_file is not None:
             address_file.write_text(address + "\n")
-        err.print(f"sandgym ray: {nodes} nodes ({', '.join(cluster.names)}), {max_sandboxes} sandboxes each, at [bold]{address}[/]")
+        err.print(f"sandgym ray: {nodes} nodes ({', '.join(cluster.names)}), {cap} sandboxes each, at [bold]{address}[/] "
+                  f"(token authentication)")
         print(address, flush=True)
         stop.wait()
     finally:
@@ -68,7 +81,7 @@ def up(
         cluster.shutdown()
 
 
-def _detach(argv: list[str], port: int, address_file: Optional[Path], timeout: float) -> None:
+def _detach(argv: list[str], port: int, address_file: Optional[Path], timeout: float, token: str) -> None:
     """Run this same command with --foreground in a new session, wait until its cluster is
     up, and leave it running (pid, address and log in the state dir)."""
     state = _state_dir(port)
@@ -94,6 +107,7 @@ def _detach(argv: list[str], port: int, address_file: Optional[Path], timeout: f
     if address_file is not None:
         address_file.write_text(address + "\n")
     err.print(f"sandgym ray: up at [bold]{address}[/] (pid {proc.pid}, log {state / 'log'}); stop it with `sandgym ray down --port {port}`")
+    err.print(f"  token authentication: drivers need RAY_AUTH_MODE=token and the token ({token}); sandgym's find it here")
     err.print(f"  sandgym eval humaneval --policy oracle --ray {address}")
     print(address, flush=True)
 
@@ -160,7 +174,7 @@ def status(
         t.add_column(col)
     for r in rows:
         t.add_row(*(str(r.get(c, "-")) for c in ("node", "state", "cap", "live", "idle", "waiting", "sessions", "pruned")))
-    Console().print(t)
+    out.print(t)
 
 
 def register(app: typer.Typer) -> None:

@@ -9,9 +9,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+
+from sandgym.cli.consoles import LazyConsole
 
 if TYPE_CHECKING:  # docker's SDK is imported when a command needs it
     from rich.progress import TaskID
@@ -20,7 +19,8 @@ if TYPE_CHECKING:  # docker's SDK is imported when a command needs it
     from sandgym.sandboxes.providers.docker.pull import PullProgress
     from sandgym.sandboxes.result import ExecResult
 
-err = Console(stderr=True)
+err = LazyConsole(stderr=True)
+out = LazyConsole()
 
 ProviderOpt = Annotated[str, typer.Option("--provider", "-p", help="docker, local or prime.")]
 
@@ -45,10 +45,11 @@ def _aliases(values: list[str] | None) -> dict[str, str]:
 def _pull_progress() -> Callable[[PullProgress], None]:
     """Pull progress: a bar on a terminal, a line per finished layer otherwise."""
     if err.is_terminal:
+        from rich.markup import escape
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
         bar = Progress(TextColumn("pulling {task.description}"), BarColumn(), DownloadColumn(),
-                       console=err, transient=True)
+                       console=err.console, transient=True)
         tasks: dict[str, TaskID] = {}
 
         def show(ev: PullProgress) -> None:
@@ -170,13 +171,15 @@ def register(app: typer.Typer) -> None:
             print(json.dumps([i.model_dump() | {"owner_alive": owner_alive(i.labels), "reaped": i.id in reaped}
                               for i in infos]))
             return
+        from rich.table import Table
+
         table = Table(title=f"{provider} sandboxes")
         for col in ("id", "image", "status", "owner", "pid", "owner alive"):
             table.add_column(col)
         for i in infos:
             alive = "yes" if owner_alive(i.labels) else "[red]no[/]" + (" (reaped)" if i.id in reaped else "")
             table.add_row(i.id[:12], i.image, i.status, i.owner or "", str(i.pid or ""), alive)
-        Console().print(table)
+        out.print(table)
         if reaped:
             err.print(f"removed {len(reaped)} sandboxes whose owner process is gone")
 
@@ -268,6 +271,9 @@ def register(app: typer.Typer) -> None:
             print(json.dumps({"provider": report.provider, "ok": report.ok,
                               "results": [r.__dict__ for r in report.results]}))
         else:
+            from rich.markup import escape
+            from rich.table import Table
+
             table = Table(title=f"provider contract: {provider}")
             table.add_column("check", no_wrap=True)
             table.add_column("result", no_wrap=True)
@@ -277,7 +283,7 @@ def register(app: typer.Typer) -> None:
             for r in report.results:
                 table.add_row(r.name, "[green]pass[/]" if r.ok else "[red]FAIL[/]", f"{r.duration_s:.2f}s",
                               escape(r.message) if r.message else f"[dim]{escape(descriptions[r.name])}[/]")
-            Console().print(table)
+            out.print(table)
             passed = len(report.results) - len(report.failures)
             err.print(f"{passed}/{len(report.results)} checks passed")
         if not report.ok:

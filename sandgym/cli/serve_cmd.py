@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
-err = Console(stderr=True)
+from sandgym.cli.consoles import LazyConsole
+
+err = LazyConsole(stderr=True)
 
 
 def default_state_dir() -> Path:

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.text import Text
+
+from sandgym.cli.consoles import LazyConsole
 
 if TYPE_CHECKING:
     from rich.progress import Progress
+    from rich.text import Text
 
-console = Console(stderr=True)
+console = LazyConsole(stderr=True)
 
 STEPS = ("gold_patch", "none", "command", "script")
 IMAGE_SOURCE_HELP = ("build: task images built here, offline (default). prebuilt: SWE-bench's instance images "
@@ -79,6 +79,8 @@ def _check_mirrors(task_list: list[Any], mirrors: Path | None, image_source: str
 
 
 def _ratio(d: dict[str, str]) -> Text:
+    from rich.text import Text
+
     if not d:
         return Text("-")
     ok = sum(v in ("passed", "xfail") for v in d.values())
@@ -91,6 +93,7 @@ STATUS_STYLE = {"resolved": "green", "unresolved": "yellow", "error": "red", "in
 def _render(rows: list[dict[str, Any]], step: str, verbose: bool) -> None:
     """Tables of results (dicts from result.json): every data cell is a Text, never markup."""
     from rich.table import Table
+    from rich.text import Text
 
     from sandgym.swe.debug import fuzzy_notes
 
@@ -131,6 +134,7 @@ def _render(rows: list[dict[str, Any]], step: str, verbose: bool) -> None:
 
 def _render_validation(vals: list[Any]) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title="sandgym swe validate")
     for col in ("instance", "version", "python", "gold", "empty", "flaky", "cold s", "gold s", "empty s", "verdict"):
@@ -160,10 +164,11 @@ def _run_dir(kind: str, output: Path | None, resume: Path | None, step: str) -> 
 
 
 def _progress(total: int, done: int, label: str) -> tuple[Progress, Callable[[str, str], None]]:
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     bar = Progress(SpinnerColumn(), TextColumn(escape(label)), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("{task.fields[phase]}", markup=False), console=console, transient=False)
+                   TimeElapsedColumn(), TextColumn("{task.fields[phase]}", markup=False), console=console.console, transient=False)
     tid = bar.add_task(label, total=total, completed=done, phase="")
     phases: dict[str, str] = {}
 
@@ -210,11 +215,12 @@ def register(app: typer.Typer) -> None:
         """Run one debug step per task (gold_patch by default), then the task's tests; report
         per instance whether it is resolved, and which instances the step does not resolve."""
         import anyio
+        from rich.text import Text
 
         from sandgym.cli.errors import check_provider
         from sandgym.errors import UnknownNameError
         from sandgym.swe.debug import IMAGE_SOURCES, summary
-        from sandgym.swe.store import RunStore
+        from sandgym.swe.store import DEBUG, RunStore
 
         if step not in STEPS:
             raise UnknownNameError(f"unknown step {step!r}; choose one of {', '.join(STEPS)}")
@@ -227,7 +233,7 @@ def register(app: typer.Typer) -> None:
         _check_mirrors(task_list, mirrors, image_source)
         run_dir = _run_dir("debug", output, resume, step)
         store = RunStore(run_dir)
-        store.start({"kind": "debug", "step": step, "tasks": tasks, "instances": len(task_list),
+        store.start({"kind": DEBUG, "step": step, "tasks": tasks, "instances": len(task_list),
                      "image_source": image_source, "registry": registry, "argv": sys.argv[1:]}, resume=resume is not None)
         done = store.finished(t.instance_id for t in task_list)
         if retry_infra:
@@ -299,10 +305,11 @@ def register(app: typer.Typer) -> None:
         that change outcome between runs are flagged flaky; tests that fail only for want of
         a network make the verdict `needs_network`. Seconds per instance, a table."""
         import anyio
+        from rich.text import Text
 
         from sandgym.errors import UnknownNameError
         from sandgym.swe.debug import IMAGE_SOURCES
-        from sandgym.swe.store import RunStore
+        from sandgym.swe.store import VALIDATE, RunStore
         from sandgym.swe.validate import validation_summary
 
         if image_source not in IMAGE_SOURCES:
@@ -313,7 +320,7 @@ def register(app: typer.Typer) -> None:
         _check_mirrors(task_list, mirrors, image_source)
         run_dir = _run_dir("validate", output, resume, "gold+none")
         store = RunStore(run_dir)
-        store.start({"kind": "validate", "step": "gold+none", "runs": runs, "tasks": tasks, "image_source": image_source,
+        store.start({"kind": VALIDATE, "step": "gold+none", "runs": runs, "tasks": tasks, "image_source": image_source,
                      "registry": registry, "argv": sys.argv[1:]}, resume=resume is not None)
         runner_kw = {"image_source": image_source, "prebuilt": prebuilt, "network_allow": allow, "network_every_row": every_row}
         t0 = time.perf_counter()
@@ -342,6 +349,8 @@ def register(app: typer.Typer) -> None:
         dest: Annotated[Path, typer.Argument(help="Directory for the repositories and tasks.jsonl.")],
     ) -> None:
         """Write the bundled tasks (git repositories + tasks.jsonl) to DEST."""
+        from rich.text import Text
+
         from sandgym.swe.bundled import load_bundled
 
         tasks = load_bundled(dest)
@@ -359,6 +368,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Build (or find) the image of every task."""
         import anyio
+        from rich.text import Text
 
         from sandgym.swe.images import BaseImageError, ImageBuildError, RepoError, TaskImageBuilder
         from sandgym.swe.tasks import RecipeError

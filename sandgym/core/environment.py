@@ -8,8 +8,10 @@ cancellation, after scoring so reward functions may still use the rollout's sand
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, nullcontext
@@ -36,15 +38,18 @@ log = logging.getLogger(__name__)
 Row = dict[str, Any]
 
 
-def to_dataset(data: Any) -> Dataset | None:
-    """Accept a Hugging Face Dataset, or a list of dicts (converted)."""
+def to_dataset(data: Any) -> Dataset | list[Row] | None:
+    """A Hugging Face Dataset as given; a list (or iterable) of dicts as a list of dicts, every
+    row with every column (None where a row lacks one, as a Dataset would have it). Lists are
+    not converted: that imports `datasets` (pandas, pyarrow: a second of a CLI's start)."""
     if data is None:
         return None
-    from datasets import Dataset
-
-    if isinstance(data, Dataset):
+    hf = sys.modules.get("datasets")  # not imported: `data` cannot be one of its Datasets
+    if hf is not None and isinstance(data, hf.Dataset):
         return data
-    return Dataset.from_list(list(data))
+    rows = [dict(r) for r in data]
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    return [{k: r.get(k) for k in columns} for r in rows]
 
 
 class Environment:
@@ -105,8 +110,10 @@ class Environment:
             ds = self.eval_dataset
         assert ds is not None
         count = len(ds) if n is None or n < 0 else min(n, len(ds))
+        # Fresh copies every call, as Dataset.to_list gives: callers may change what they get.
+        chosen = copy.deepcopy(ds[:count]) if isinstance(ds, list) else ds.select(range(count)).to_list()
         out: list[Row] = []
-        for i, row in enumerate(ds.select(range(count)).to_list()):
+        for i, row in enumerate(chosen):
             row.setdefault("example_id", i)
             if row.get("example_id") is None:
                 row["example_id"] = i

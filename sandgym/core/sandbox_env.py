@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -54,6 +55,32 @@ def format_exec(result: ExecResult, *, timeout: float) -> str:
     if result.truncated:
         parts.append("[output truncated]")
     return "\n".join(parts) or "(no output)"
+
+
+_FLAG_LINES = (
+    (re.compile(r"^\[command timed out after ([0-9.e+-]+)s\]$"), "timed_out"),
+    (re.compile(r"^\[killed: out of memory\]$"), "oom_killed"),
+    (re.compile(r"^\[exit code (-?\d+)\]$"), "exit_code"),
+    (re.compile(r"^\[output truncated\]$"), "truncated"),
+)
+
+
+def exec_flags(text: str) -> dict[str, Any]:
+    """What `format_exec` said about a command, read back from its text (the closing
+    bracketed lines, and whether there was stderr): for showing a tool result's flags.
+    A tool result not made by `format_exec` gives {}, or what its last lines happen to say."""
+    flags: dict[str, Any] = {}
+    lines = text.rstrip("\n").split("\n")
+    for line in reversed(lines[-3:]):
+        for pattern, name in _FLAG_LINES:
+            m = pattern.match(line)
+            if m and name not in flags:
+                flags[name] = int(m.group(1)) if name == "exit_code" else (float(m.group(1)) if m.groups() else True)
+    if flags.get("timed_out") is not None:
+        flags["timeout_s"], flags["timed_out"] = flags["timed_out"], True
+    if "\nstderr:\n" in "\n" + text:
+        flags["stderr"] = True
+    return flags
 
 
 class SandboxEnv(StatefulToolEnv):

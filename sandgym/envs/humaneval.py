@@ -7,7 +7,8 @@ Two variants:
   (`reuse_sandboxes`, default on): reset between users (no processes left, empty workdir
   and /tmp) where the provider can (docker with its agent), otherwise destroyed in the
   background. The warm pool is sized to what scoring can use at once (`scoring_pool_size`),
-  not to the number of rollouts in flight. `batch_scoring=True` gathers the test runs of
+  not to the number of rollouts in flight, and scoring never runs more test programs at once
+  than that, also on a manager it was given (a Ray node's, whose cap is shared). `batch_scoring=True` gathers the test runs of
   rollouts scored together into one `exec_many` round trip per sandbox (jobs then share a
   sandbox at the same time, hence off by default).
 - tools (`tools=True`): a PythonEnv; the model may run code in a persistent REPL in its
@@ -26,7 +27,6 @@ error_kind "timeout"), never a 0 for the policy.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -40,6 +40,7 @@ from sandgym.core.sandbox_env import PythonEnv, checked_exec
 from sandgym.core.state import Message, State
 from sandgym.core.tools import tool_call
 from sandgym.sandboxes.base import ExecJob
+from sandgym.sandboxes.cpu_bound import CPUBoundSandboxes, cpu_slots
 from sandgym.sandboxes.result import ExecResult
 from sandgym.sandboxes.spec import SandboxSpec, host_cpus
 
@@ -140,7 +141,7 @@ async def run_tests(
 def scoring_pool_size(concurrency: int, spec: SandboxSpec) -> int:
     """Sandboxes that single-turn scoring can keep busy at once: one per rollout in flight,
     but no more than the host's CPUs can run at `spec.cpu` each (tests are CPU-bound)."""
-    return max(1, min(concurrency, math.ceil(host_cpus() / spec.cpu)))
+    return max(1, min(concurrency, cpu_slots(spec)))
 
 
 def fenced(code: str) -> str:
@@ -153,6 +154,7 @@ class HumanEvalEnv(SingleTurnEnv):
     reuse_sandboxes: bool = True
     batch_scoring: bool = False
     batcher: Any = None  # an ExecBatcher while a batch-scoring session is open
+    scoring: CPUBoundSandboxes | None = None  # inside sandbox_session: where the tests run
 
     async def oracle_response(self, messages: list[Message], state: State) -> Message:
         return {"role": "assistant", "content": "Here is the completed function:\n\n" + fenced(str(state.answer))}
@@ -175,6 +177,11 @@ class HumanEvalEnv(SingleTurnEnv):
             if mgr is not None and manager is None and spec is not None and warm > 0:
                 await mgr.warm(spec, warm, wait=False)
             self.batcher = None
+            # Scoring takes at most what this machine's cores run at once, also from a
+            # manager it was given (a Ray node's: its cap is shared, and may be larger).
+            self.scoring = (
+                CPUBoundSandboxes(mgr, scoring_pool_size(mgr.max_sandboxes, spec)) if mgr is not None and spec is not None else None
+            )
             if mgr is not None and self.batch_scoring and spec is not None:
                 from sandgym.sandboxes.batching import ExecBatcher
 
@@ -183,9 +190,13 @@ class HumanEvalEnv(SingleTurnEnv):
                 yield mgr
             finally:
                 self.batcher = None
+                self.scoring = None
 
     def scoring_args(self, state: State) -> dict[str, Any]:
-        return {**super().scoring_args(state), "batcher": getattr(self, "batcher", None)}
+        args = {**super().scoring_args(state), "batcher": getattr(self, "batcher", None)}
+        if self.scoring is not None:
+            args["sandboxes"] = self.scoring
+        return args
 
 
 class HumanEvalToolsEnv(PythonEnv):

@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 
 from sandgym.core.evaluation import record_of
+from sandgym.sandboxes.cpu_bound import cpu_slots
 
 from .jobs import ClientSpec, EnvSpec
 
@@ -101,11 +102,14 @@ def session_client(ctx: Any, env_spec: EnvSpec, env: Any, client_spec: ClientSpe
 
 
 async def prepare(ctx: Any, env_spec: EnvSpec, warm: int) -> str:
-    """Load the environment on this node and keep `warm` sandboxes of each of its specs ready."""
+    """Load the environment on this node and keep sandboxes of each of its specs ready: `warm`,
+    but no more than this node's cores run at once (`cpu_slots`): warming a large cap at
+    once would start that many containers together and leave the node's first scoring
+    behind them."""
     env = await node_env(ctx, env_spec)
     if warm > 0:
         for spec in {s.key(): s for s in env.sandbox_specs()}.values():
-            await ctx.warm(spec, warm)
+            await ctx.warm(spec, min(warm, cpu_slots(spec)))
     return str(ctx.node)
 
 

@@ -7,6 +7,7 @@ read whole (limits.py)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .auth import TokenAuth
+from .db import StateWriteError
 from .gateway import build_router
 from .limits import BodyLimit
 from .models import (
@@ -44,6 +46,9 @@ from .models import (
 )
 from .service import EgressUnavailable, InvalidRequest, ServerConfig, Service
 from .store import QuotaExceeded, Record
+
+log = logging.getLogger(__name__)
+
 
 _NOT_FOUND: dict[int | str, dict[str, object]] = {404: {"description": "No such sandbox for this token"}}
 
@@ -121,6 +126,12 @@ def create_app(config: ServerConfig) -> FastAPI:
         if exc.status_code == 405 and request.url.path not in static_paths:
             return JSONResponse({"detail": f"{request.method} {request.url.path} is not supported by this server"}, status_code=404)
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(StateWriteError)
+    async def state_full(request: Request, exc: StateWriteError) -> JSONResponse:
+        # Nothing was changed (store.py): the client may retry once the operator made room.
+        log.error("%s %s refused: %s", request.method, request.url.path, exc)
+        return JSONResponse({"detail": f"{exc}; nothing was changed, retry later"}, status_code=507)
 
     @app.exception_handler(RequestValidationError)
     async def bad_input(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -212,10 +223,15 @@ def create_app(config: ServerConfig) -> FastAPI:
             targets += [
                 r for r in service.store.for_tenant(tenant) if not r.ended and want <= set(r.body.labels) and r not in targets
             ]
+        ok: list[str] = []
         for rec in targets:
-            service.terminate(rec, "deleted")
-        service.counters["deleted"] += len(targets)
-        ok = [r.id for r in targets]
+            try:
+                service.terminate(rec, "deleted", durable=True)
+            except StateWriteError as exc:
+                failed.append({"sandbox_id": rec.id, "error": f"{exc}; not deleted"})
+            else:
+                ok.append(rec.id)
+        service.counters["deleted"] += len(ok)
         out = BulkDeleteOut(succeeded=ok, failed=failed, message=f"deleted {len(ok)} sandboxes, {len(failed)} failed")
         return JSONResponse(out.model_dump())
 
@@ -259,8 +275,8 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def delete(sandbox_id: str, tenant: str = tenant_dep) -> DeleteOut:
         rec = own(tenant, sandbox_id)
         if not rec.ended:
+            service.terminate(rec, "deleted", durable=True)
             service.counters["deleted"] += 1
-        service.terminate(rec, "deleted")
         return DeleteOut(id=rec.id, status=rec.status)
 
     @app.post("/api/v1/sandbox/{sandbox_id}/auth", response_model=GatewayAuth, responses=_NOT_FOUND, tags=["sandboxes"], summary="Gateway credentials for a sandbox")

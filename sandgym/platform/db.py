@@ -10,6 +10,9 @@
 WAL with synchronous=NORMAL: a commit is a write to the log, no fsync; a crash loses at most
 the last transactions since a checkpoint, never corrupts. One connection, used only from the
 server's event loop thread. A second server on the same directory is refused (flock).
+
+A write the directory cannot take (a full disk, a read-only mount) raises StateWriteError and
+changes nothing: SQLite rolls the statement or transaction back.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import json
 import os
 import sqlite3
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +52,11 @@ CREATE INDEX IF NOT EXISTS events_sb ON events(sandbox_id);
 
 class StateLocked(RuntimeError):
     """Another server holds this state directory."""
+
+
+class StateWriteError(OSError):
+    """The state directory did not take a write (full, read-only, failing): nothing of it was
+    recorded."""
 
 
 class StateDB:
@@ -98,18 +108,27 @@ class StateDB:
 
     # ---- meta ----------------------------------------------------------------------------
 
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.OperationalError as exc:  # SQLITE_FULL, SQLITE_READONLY, SQLITE_IOERR, ...
+            where = self.state_dir or "memory"
+            raise StateWriteError(f"the server's state ({where}) did not take a write: {exc}") from exc
+
     def get_meta(self, key: str) -> str | None:
         row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row[0] if row else None
 
     def set_meta(self, key: str, value: str) -> None:
-        self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+        with self._writing():
+            self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
 
     # ---- records -------------------------------------------------------------------------
 
     def insert(self, row: dict[str, Any], idempotency_key: str | None) -> None:
         """A new record and its idempotency key, in one transaction."""
-        with self.conn:
+        with self._writing(), self.conn:
             self.conn.execute("BEGIN")
             self.conn.execute(
                 "INSERT INTO sandboxes (id, tenant, status, created_at, ended_at, data) VALUES (?, ?, ?, ?, ?, ?)",
@@ -122,15 +141,16 @@ class StateDB:
                 )
 
     def update(self, row: dict[str, Any]) -> None:
-        self.conn.execute(
-            "UPDATE sandboxes SET status = ?, ended_at = ?, data = ? WHERE id = ?",
-            (row["status"], row.get("ended_at"), json.dumps(row), row["id"]),
-        )
+        with self._writing():
+            self.conn.execute(
+                "UPDATE sandboxes SET status = ?, ended_at = ?, data = ? WHERE id = ?",
+                (row["status"], row.get("ended_at"), json.dumps(row), row["id"]),
+            )
 
     def touch_many(self, rows: list[tuple[float, str]]) -> None:
         """(last_active, id) pairs: activity alone, without rewriting whole rows."""
         if rows:
-            with self.conn:
+            with self._writing(), self.conn:
                 self.conn.execute("BEGIN")
                 self.conn.executemany("UPDATE sandboxes SET last_active = ? WHERE id = ?", rows)
 
@@ -147,7 +167,7 @@ class StateDB:
         return list(self.conn.execute("SELECT tenant, key, sandbox_id FROM idempotency"))
 
     def forget(self, ids: list[str]) -> None:
-        with self.conn:
+        with self._writing(), self.conn:
             self.conn.execute("BEGIN")
             for sid in ids:
                 self.conn.execute("DELETE FROM sandboxes WHERE id = ?", (sid,))
@@ -158,17 +178,18 @@ class StateDB:
 
     def add_events(self, rows: list[tuple[str, str]]) -> None:
         if rows:
-            with self.conn:
+            with self._writing(), self.conn:
                 self.conn.execute("BEGIN")
                 self.conn.executemany("INSERT INTO events (sandbox_id, line) VALUES (?, ?)", rows)
 
     def trim_events(self, sandbox_id: str, keep: int) -> None:
         """Keep only the newest `keep` lines of a sandbox's event log."""
-        self.conn.execute(
-            "DELETE FROM events WHERE sandbox_id = ? AND rowid < (SELECT MIN(rowid) FROM "
-            "(SELECT rowid FROM events WHERE sandbox_id = ? ORDER BY rowid DESC LIMIT ?))",
-            (sandbox_id, sandbox_id, keep),
-        )
+        with self._writing():
+            self.conn.execute(
+                "DELETE FROM events WHERE sandbox_id = ? AND rowid < (SELECT MIN(rowid) FROM "
+                "(SELECT rowid FROM events WHERE sandbox_id = ? ORDER BY rowid DESC LIMIT ?))",
+                (sandbox_id, sandbox_id, keep),
+            )
 
     def events(self, sandbox_id: str, limit: int) -> list[str]:
         rows = self.conn.execute(

@@ -37,7 +37,7 @@ from sandgym.sandboxes.errors import ImagePullError, SpecError
 from sandgym.sandboxes.manager import SandboxManager
 from sandgym.sandboxes.spec import SandboxSpec
 
-from .db import StateDB
+from .db import StateDB, StateWriteError
 from .egress import WirePolicy
 from .models import MIN_MEMORY_MB, CreateSandboxBody, GatewayAuth
 from .sessions import SessionTable
@@ -525,11 +525,16 @@ class Service:
                 f"sandbox {rec.id} was made without network (this server's default); create it with "
                 "network_allowlist or network_denylist (even []) to change its network later"
             )
+        before = (rec.egress.policy, rec.egress.generation, rec.egress.error)
         rec.egress.policy = policy
         rec.egress.generation += 1
         rec.egress.error = None
+        try:
+            rec.save(durable=True)  # a policy a restart would forget is not applied
+        except StateWriteError:
+            rec.egress.policy, rec.egress.generation, rec.egress.error = before
+            raise
         rec.log(f"egress policy {rec.egress.generation}: {policy.describe()}")
-        rec.save()
         if rec.sandbox is not None:
             await self._apply_egress(rec)
 
@@ -566,11 +571,16 @@ class Service:
         # 60 s before expiry and coalesces, so tokens rotate rarely. After a restart only its
         # hash is known, so the next request rotates (the old one stays good until expiry).
         if not rec.gw_token or rec.gw_expires - now < self.config.gateway_token_ttl_s / 4:
+            before = (rec.gw_prev, rec.gw_token, rec.gw_hash, rec.gw_expires)
             rec.gw_prev = (rec.gw_hash, rec.gw_expires)
             rec.gw_token = secrets.token_urlsafe(24)
             rec.gw_hash = token_hash(rec.gw_token)
             rec.gw_expires = now + self.config.gateway_token_ttl_s
-            rec.save()
+            try:
+                rec.save(durable=True)  # a token a restart would not know is not handed out
+            except StateWriteError:
+                rec.gw_prev, rec.gw_token, rec.gw_hash, rec.gw_expires = before
+                raise
         base = (self.config.public_url or base_url).rstrip("/")
         return GatewayAuth(
             gateway_url=f"{base}/gateway",
@@ -589,11 +599,17 @@ class Service:
 
     # ---- delete / reap / death ---------------------------------------------------------
 
-    def terminate(self, rec: Record, reason: str, *, status: str = "TERMINATED", error_type: str | None = None, error_message: str | None = None) -> None:
+    def terminate(
+        self, rec: Record, reason: str, *, status: str = "TERMINATED", error_type: str | None = None,
+        error_message: str | None = None, durable: bool = False,
+    ) -> None:
+        """End a sandbox. `durable` (a client's delete): when the state does not take the
+        change, StateWriteError and the sandbox goes on as it was."""
         if rec.ended:
             return
+        rec.set_status(status, termination_reason=reason, error_type=error_type or rec.error_type,
+                       error_message=error_message or rec.error_message, durable=durable)
         queued = self.admission.drop(rec)
-        rec.set_status(status, termination_reason=reason, error_type=error_type or rec.error_type, error_message=error_message or rec.error_message)
         if not queued:
             self._spawn(self._teardown, rec)
 

@@ -6,12 +6,20 @@ TERMINATED (as Prime does) and a second delete is a no-op instead of a 404.
 Every change of status (and every new record) is written at once; activity times and event
 log lines are written in batches by `flush()` (the reaper calls it every tick), so an exec
 costs no disk write.
+
+When the state directory does not take a write (full disk): a new record is refused
+(StateWriteError: no container is made for it); a change a client asked for (`durable`: a
+delete, a network policy, gateway credentials) is undone in memory and refused, so the
+client is told and the sandbox stays as it was; a change the server observed (a sandbox
+started, died, timed out) stays in memory, since it is true, and is written by a later
+`flush()` once the directory takes writes again, as are the batched lines and times.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import time
 import uuid
 from collections import deque
@@ -19,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from .db import StateDB
+from .db import StateDB, StateWriteError
 from .egress import WirePolicy
 from .models import ENDED, CreateSandboxBody
 
@@ -29,8 +37,12 @@ if TYPE_CHECKING:
 
     from .sessions import SessionTable
 
+log = logging.getLogger(__name__)
+
 LIVE = ("PENDING", "PROVISIONING", "RUNNING")
 LOG_LINES = 500
+# What set_status changes, so a refused durable change can be undone.
+_STATUS_FIELDS = ("status", "updated_at", "started_at", "terminated_at", "waiting_reason")
 
 
 def utcnow() -> datetime:
@@ -118,7 +130,22 @@ class Record:
         self.logs.append(text)
         self._unsaved_logs.append(text)
 
-    def set_status(self, status: str, **fields: Any) -> None:
+    def set_status(self, status: str, *, durable: bool = False, **fields: Any) -> None:
+        """Change the status (and `fields`) and write it. `durable`: a change a client asked
+        for, undone and raised (StateWriteError) when the state does not take it."""
+        before = {k: getattr(self, k) for k in (*_STATUS_FIELDS, *fields)}
+        logs = len(self.logs), len(self._unsaved_logs)
+        try:
+            self._set_status(status, durable=durable, **fields)
+        except StateWriteError:
+            for k, v in before.items():
+                setattr(self, k, v)
+            while len(self._unsaved_logs) > logs[1]:
+                self._unsaved_logs.pop()
+                self.logs.pop()
+            raise
+
+    def _set_status(self, status: str, *, durable: bool, **fields: Any) -> None:
         self.status = status
         for k, v in fields.items():
             setattr(self, k, v)
@@ -130,11 +157,14 @@ class Record:
         if status in ENDED and self.terminated_at is None:
             self.terminated_at = self.updated_at
         self.log(f"status {status}" + (f" ({self.error_type}: {self.error_message})" if self.error_type else ""))
-        self.save()
+        self.save(durable=durable)
 
-    def save(self) -> None:
+    def save(self, *, durable: bool = False) -> None:
+        """Write the record; `durable`: raise StateWriteError when the state does not take it
+        (else it is written by a later flush)."""
         if self.store is not None:
-            self.store.save(self)
+            self.store.save(self, durable=durable)
+
 
     def touch(self) -> None:
         self.last_active = time.time()
@@ -212,6 +242,7 @@ class Store:
         self.retain_s = retain_s
         self._by_id: dict[str, Record] = {}
         self._idem: dict[tuple[str, str], str] = {}
+        self._unwritten: set[str] = set()  # ids whose last change the state did not take yet
 
     def load(self) -> list[Record]:
         """Read every record the database holds (at start-up); returns them."""
@@ -244,27 +275,43 @@ class Store:
         if idempotency_key:
             self._idem[(rec.tenant, idempotency_key)] = rec.id
 
-    def save(self, rec: Record) -> None:
-        self.db.update(rec.to_row())
+    def save(self, rec: Record, *, durable: bool = False) -> None:
+        try:
+            self.db.update(rec.to_row())
+        except StateWriteError as exc:
+            if durable:
+                raise
+            if rec.id not in self._unwritten:
+                log.warning("sandbox %s: %s; kept in memory, written once the state takes writes again", rec.id, exc)
+            self._unwritten.add(rec.id)
+        else:
+            self._unwritten.discard(rec.id)
 
     def flush(self) -> None:
-        """Write pending log lines and activity times (batched; called every reaper tick)."""
-        events: list[tuple[str, str]] = []
-        touched: list[tuple[float, str]] = []
-        for rec in self._by_id.values():
-            if rec._unsaved_logs:
-                events += [(rec.id, line) for line in rec._unsaved_logs]
+        """Write what is pending: records whose change the state did not take, log lines and
+        activity times (batched; called every reaper tick). Nothing is dropped when the state
+        does not take it: the next flush tries again."""
+        try:
+            for rid in sorted(self._unwritten):
+                if (rec := self._by_id.get(rid)) is not None:
+                    self.db.update(rec.to_row())
+                self._unwritten.discard(rid)
+            events = [(rec.id, line) for rec in self._by_id.values() for line in rec._unsaved_logs]
+            self.db.add_events(events)
+            for rec in self._by_id.values():
                 rec._db_lines += len(rec._unsaved_logs)
                 rec._unsaved_logs.clear()
-            if rec.last_active != rec._saved_active and not rec.ended:
-                rec._saved_active = rec.last_active
-                touched.append((rec.last_active, rec.id))
-        self.db.add_events(events)
-        self.db.touch_many(touched)
-        for rec in self._by_id.values():
-            if rec._db_lines > 2 * LOG_LINES:  # the log endpoint shows the last LOG_LINES
-                self.db.trim_events(rec.id, LOG_LINES)
-                rec._db_lines = LOG_LINES
+            touched = [(rec.last_active, rec.id) for rec in self._by_id.values()
+                       if rec.last_active != rec._saved_active and not rec.ended]
+            self.db.touch_many(touched)
+            for active, rid in touched:
+                self._by_id[rid]._saved_active = active
+            for rec in self._by_id.values():
+                if rec._db_lines > 2 * LOG_LINES:  # the log endpoint shows the last LOG_LINES
+                    self.db.trim_events(rec.id, LOG_LINES)
+                    rec._db_lines = LOG_LINES
+        except StateWriteError as exc:
+            log.warning("%s; %d records and the pending log lines wait for the next flush", exc, len(self._unwritten))
 
     def by_idempotency(self, tenant: str, key: str | None) -> Record | None:
         if not key:
@@ -296,9 +343,15 @@ class Store:
         """Drop records that ended more than `retain_s` ago (and their idempotency keys)."""
         cutoff = time.time() - self.retain_s
         old = [rid for rid, r in self._by_id.items() if r.terminated_at is not None and r.terminated_at.timestamp() < cutoff]
+        if not old:
+            return
+        try:
+            self.db.forget(old)
+        except StateWriteError as exc:
+            log.warning("%s; %d ended records are forgotten later", exc, len(old))
+            return
         for rid in old:
             del self._by_id[rid]
-        if old:
-            gone = set(old)
-            self._idem = {k: v for k, v in self._idem.items() if v not in gone}
-            self.db.forget(old)
+            self._unwritten.discard(rid)
+        gone = set(old)
+        self._idem = {k: v for k, v in self._idem.items() if v not in gone}

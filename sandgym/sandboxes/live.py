@@ -9,8 +9,10 @@ process is started with `Sandbox.start_live`, a capability every sandbox has:
   bytes by offset (20 ms, backing off to 250 ms when quiet); stdin is written into the FIFO;
   signals go to the process group. Its cost is one exec per poll, and latency of one poll
   interval.
-- A provider with a streaming API overrides `start_live`: the docker provider's
-  `DockerLiveProcess` (providers/docker/live.py) streams through the Docker exec API.
+- A provider with a streaming API overrides `start_live`: the docker provider runs it
+  through execd (`ExecdLiveProcess`, execd/live.py: one connection carries stdin, output and
+  the exit code) and, for images without python3, through the Docker exec API
+  (`DockerLiveProcess`, providers/docker/live.py).
 """
 
 from __future__ import annotations

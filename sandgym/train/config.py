@@ -184,6 +184,9 @@ class OutputConfig(_Strict):
     resume: bool = True
     plot: bool = True
     wandb_project: str | None = None
+    # Rollouts of each step kept in samples.jsonl (spread from best to worst reward; failed
+    # ones included), for `sandgym view`; 0: none.
+    samples_per_step: int = Field(4, ge=0)
 
 
 class TrainConfig(_Strict):

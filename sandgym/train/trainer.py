@@ -18,8 +18,10 @@ keeps its own weight in the loss; normalisers count only the sequences trained o
 With several processes (distributed.py) rank 0 runs the backend and the pipeline and
 broadcasts each step's sequences; all ranks train (FSDP2) and take part in the weight gather.
 
-Output folder: metrics.jsonl (one line per step), reward_loss.png, checkpoints/step_NNNNNN/
-(full model and optimizer state, step, data position, RNG states; resume picks the newest).
+Output folder: config.json (the resolved config), metrics.jsonl (one line per step),
+samples.jsonl (`output.samples_per_step` rollout records of each step, with "step"),
+reward_loss.png, checkpoints/step_NNNNNN/ (full model and optimizer state, step, data
+position, RNG states; resume picks the newest).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import anyio
 import anyio.from_thread
 import torch
 
+from sandgym.core.evaluation import record_of
 from sandgym.core.failures import ERROR_KINDS
 from sandgym.core.state import State
 from sandgym.core.stats import group_advantages
@@ -49,6 +52,7 @@ from sandgym.train.backends.base import InferenceBackend
 from sandgym.train.batch import PrefixMismatchError, Sequence, states_to_sequences
 from sandgym.train.config import TrainConfig
 from sandgym.train.distributed import SINGLE, Dist, rank_device
+from sandgym.train.folder import CHECKPOINTS, CONFIG, METRICS, PLOT, SAMPLES
 from sandgym.train.loss import ConfigError
 from sandgym.train.pipeline import ReadyGroup, RolloutPipeline
 from sandgym.train.policy import PolicyTrainer, autocast_dtype
@@ -135,6 +139,17 @@ def valid(state: State) -> bool:
     return not state.failed
 
 
+def pick_samples(states: list[State], k: int) -> list[State]:
+    """`k` of a step's rollouts for samples.jsonl: evenly spread over them ordered from best
+    to worst reward (so a step's best, worst and middle are there), failed ones last."""
+    if k <= 0 or not states:
+        return []
+    ranked = sorted(states, key=lambda s: (s.failed, -s.reward))
+    if len(ranked) <= k:
+        return ranked
+    return [ranked[round(i * (len(ranked) - 1) / (k - 1))] for i in range(k)] if k > 1 else ranked[:1]
+
+
 def group_signal(states: list[State]) -> bool:
     """Whether a group can teach anything: at least two valid members whose rewards differ."""
     rewards = [s.reward for s in states if valid(s)]
@@ -148,8 +163,12 @@ class Trainer:
         self.dist = dist
         self.out = Path(cfg.output.dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.metrics_path = self.out / "metrics.jsonl"
-        self.plot_path = self.out / "reward_loss.png"
+        self.metrics_path = self.out / METRICS
+        self.samples_path = self.out / SAMPLES
+        self.plot_path = self.out / PLOT
+        self._samples: list[State] = []
+        if dist.is_main:
+            (self.out / CONFIG).write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
         torch.manual_seed(cfg.optim.seed)
         random.seed(cfg.optim.seed)
         self.device = rank_device(cfg.model.device, dist)
@@ -175,7 +194,7 @@ class Trainer:
     # ---- checkpoints ---------------------------------------------------------------------
 
     def checkpoint_dir(self) -> Path:
-        return self.out / "checkpoints"
+        return self.out / CHECKPOINTS
 
     def save_checkpoint(self) -> Path | None:
         """Every rank takes part (the state is gathered); rank 0 writes. Returns the folder
@@ -229,10 +248,11 @@ class Trainer:
         self.data_position = int(st["data_position"])
         torch.set_rng_state(st["rng_torch"].cpu())
         random.setstate(st["rng_python"])
-        # Metrics of steps after the checkpoint were lost with the crash: drop them.
-        if self.dist.is_main and self.metrics_path.exists():
-            keep = [ln for ln in self.metrics_path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= self.step]
-            self.metrics_path.write_text("".join(ln + "\n" for ln in keep))
+        # Metrics and samples of steps after the checkpoint were lost with the crash: drop them.
+        for path in (self.metrics_path, self.samples_path) if self.dist.is_main else ():
+            if path.exists():
+                keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= self.step]
+                path.write_text("".join(ln + "\n" for ln in keep))
         log.info("resumed from %s (step %d, data position %d)", path, self.step, self.data_position)
 
     # ---- generation ----------------------------------------------------------------------
@@ -468,6 +488,7 @@ class Trainer:
             try:
                 groups, gm = self.collect()
                 m.update(gm)
+                self._samples = pick_samples([s for g in groups for s in g.states], self.cfg.output.samples_per_step)
                 seqs, skipped = self.sequences([s for g in groups for s in g.states])
                 m["prefix_mismatch_skipped"] = float(skipped)
             except BaseException:
@@ -495,6 +516,11 @@ class Trainer:
         return m
 
     def _log(self, m: dict[str, float]) -> None:
+        if self._samples:
+            # Samples first: a step's metrics line says its samples are there.
+            with self.samples_path.open("a") as f:
+                f.writelines(json.dumps({**record_of(s), "step": int(m["step"])}, default=str) + "\n" for s in self._samples)
+            self._samples = []
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(m) + "\n")
         if self._wandb is not None:

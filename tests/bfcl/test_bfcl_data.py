@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("bfcl_eval", reason="bfcl-eval is not installed (scripts/bootstrap.sh installs it with --no-deps)")
+from tests.conftest import require
+
+require("bfcl_eval")
 
 from sandgym.bfcl import data
 from sandgym.bfcl.export import export_results, failed_by_category, load_records, sandgym_accuracy

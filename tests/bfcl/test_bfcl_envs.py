@@ -1,4 +1,4 @@
-"""BFCL v4 end to end in real sandgym/bfcl sandboxes: oracle and null per category (a fast
+"""BFCL v4 end to end in real sandgym/bfcl sandboxes (built on first use when missing): oracle and null per category (a fast
 subset; SANDGYM_BENCH_FULL=1 runs every entry), the multi-turn backends executing inside the
 rollout's sandbox, and agreement with BFCL's own `bfcl evaluate` on the same outputs."""
 
@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("bfcl_eval", reason="bfcl-eval is not installed (scripts/bootstrap.sh installs it with --no-deps)")
+from tests.conftest import require
+
+require("bfcl_eval")
 
 from sandgym import envs
 from sandgym.bfcl import data
@@ -22,22 +24,14 @@ from sandgym.core.clients import ModelResponse
 from sandgym.core.evaluation import run_eval
 from sandgym.core.policies import get_policy
 from sandgym.core.tools import tool_call
-from tests.conftest import require_docker
+from tests.conftest import require
 
-pytestmark = [pytest.mark.anyio, pytest.mark.docker]
+# sandgym/bfcl is built by the first sandbox that needs it when missing (bootstrap builds only
+# the core images): several minutes on a loaded machine, hence the longer limit.
+pytestmark = [pytest.mark.anyio, pytest.mark.docker, pytest.mark.timeout(1800)]
 
 FULL = os.environ.get("SANDGYM_BENCH_FULL") == "1"
 PER_CATEGORY = None if FULL else 3
-
-
-def require_bfcl_image() -> None:
-    require_docker()
-    import docker
-
-    try:
-        docker.from_env().images.get(data.BFCL_IMAGE)
-    except Exception:
-        pytest.skip(f"{data.BFCL_IMAGE} is missing: sandgym images build bfcl")
 
 
 def by_category(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
@@ -49,7 +43,7 @@ def by_category(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 async def test_single_turn_oracle_scores_1_and_null_0_per_category(tmp_path: Path) -> None:
-    require_bfcl_image()
+    require("docker")
     env = envs.load_environment("bfcl_v4_single_turn", per_category=PER_CATEGORY)
     good = await run_eval(env, get_policy("oracle", env), "oracle", output_dir=tmp_path / "o", concurrency=8)
     bad = await run_eval(env, get_policy("null", env), "null", output_dir=tmp_path / "n", concurrency=8)
@@ -67,7 +61,7 @@ async def test_single_turn_oracle_scores_1_and_null_0_per_category(tmp_path: Pat
 
 
 async def test_multi_turn_oracle_scores_1_and_null_0_per_category(tmp_path: Path) -> None:
-    require_bfcl_image()
+    require("docker")
     env = envs.load_environment("bfcl_v4_multi_turn", per_category=None if FULL else 2)
     good = await run_eval(env, get_policy("oracle", env), "oracle", output_dir=tmp_path / "o", concurrency=4)
     bad = await run_eval(env, get_policy("null", env), "null", output_dir=tmp_path / "n", concurrency=4)
@@ -107,7 +101,7 @@ class HostnameProbe:
 
 
 async def test_model_calls_are_evaluated_inside_the_rollout_sandbox(tmp_path: Path) -> None:
-    require_bfcl_image()
+    require("docker")
     env = envs.load_environment("bfcl_v4_multi_turn", ids=["multi_turn_base_0"])
     probe = HostnameProbe()
     s = await run_eval(env, probe, "probe", output_dir=tmp_path, concurrency=1)
@@ -123,7 +117,7 @@ async def test_sandgym_and_bfcl_evaluate_agree_per_category(tmp_path: Path) -> N
     plus the entries no output can pass: sandgym's per-category (correct, total) equals what
     `bfcl evaluate` -- BFCL's own CLI, in a sandgym/bfcl sandbox -- reports for the same
     outputs."""
-    require_bfcl_image()
+    require("docker")
     runs = []
     for kind, n in (("single_turn", None if FULL else 4), ("multi_turn", None if FULL else 3)):
         ids = list(data.UNSCORABLE) if kind == "single_turn" else None

@@ -86,9 +86,9 @@ def test_user_error_is_one_line_and_exit_2(configs: Path, argv: list[str], says:
 @pytest.mark.docker
 @pytest.mark.parametrize(("argv", "says"), DOCKER_CASES, ids=[" ".join(a[2:4]) for a, _ in DOCKER_CASES])
 def test_sandbox_refusals_are_one_line(argv: list[str], says: str) -> None:
-    from tests.conftest import require_docker
+    from tests.conftest import require
 
-    require_docker()
+    require("docker")
     proc = sandgym(*argv)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.splitlines()

@@ -3,7 +3,6 @@ routing, the eval record log, and `sandgym eval --resume` after a SIGKILL."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -25,16 +24,14 @@ from sandgym.core.testing import MockOpenAIServer, Reply
 from sandgym.run_folder import RecordLog
 from sandgym.sandboxes.registry import get_provider
 from sandgym.sandboxes.spec import LABEL_PID
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = pytest.mark.anyio
 
 
 def require_provider(name: str) -> None:
     if name == "docker":
-        require_docker()
-    elif importlib.util.find_spec("sandgym.sandboxes.providers.local") is None:
-        pytest.skip("local provider (sandgym/sandboxes/providers/local.py) is not in this checkout")
+        require("docker")
 
 
 @pytest.mark.docker
@@ -123,7 +120,7 @@ def test_record_log_drops_a_torn_last_line(tmp_path: Path) -> None:
 @pytest.mark.docker
 @pytest.mark.slow
 async def test_eval_killed_with_sigkill_then_resumed_has_one_record_per_rollout(tmp_path: Path) -> None:
-    require_docker()
+    require("docker")
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "sandgym", "eval", "humaneval", "--policy", "oracle", "-n", "12", "-r", "2", "-c", "2", "--provider", "docker"]
     proc = subprocess.Popen([*cmd, "-o", str(run)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -3,7 +3,6 @@ it is in the checkout), driven by the mock OpenAI server over HTTP."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import AsyncIterator
 
 import anyio
@@ -14,7 +13,7 @@ from sandgym.core.sandbox_env import PythonEnv, SandboxEnv
 from sandgym.core.testing import MockOpenAIServer, Reply, last_user
 from sandgym.sandboxes.manager import SandboxManager
 from sandgym.sandboxes.spec import SandboxSpec
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -23,9 +22,7 @@ SPEC = SandboxSpec(cpu=0.5, memory_mb=256, disk_mb=64)
 
 def require_provider(name: str) -> None:
     if name == "docker":
-        require_docker()
-    elif importlib.util.find_spec("sandgym.sandboxes.providers.local") is None:
-        pytest.skip("local provider (sandgym/sandboxes/providers/local.py) is not in this checkout")
+        require("docker")
 
 
 @pytest.fixture(params=["docker", "local"])

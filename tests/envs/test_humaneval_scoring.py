@@ -15,7 +15,7 @@ from sandgym.core.policies import get_policy
 from sandgym.envs.humaneval import run_tests, scoring_pool_size
 from sandgym.sandboxes import SandboxManager, SandboxSpec
 from sandgym.sandboxes.spec import host_cpus
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -43,7 +43,7 @@ CLEAN = (
 
 
 async def test_reused_sandbox_is_clean_for_the_next_rollout() -> None:
-    require_docker()
+    require("docker")
     async with SandboxManager("docker", max_sandboxes=1) as mgr:
         await mgr.warm(SPEC, 1)
         assert await run_tests(DIRTY, INFO, sandboxes=mgr, spec=SPEC, reuse=True)
@@ -64,7 +64,7 @@ def test_scoring_pool_size_follows_concurrency_and_cpus() -> None:
 
 @pytest.mark.parametrize("batch", [False, True])
 async def test_oracle_and_null_with_reuse_and_batching(batch: bool, tmp_path: Path) -> None:
-    require_docker()
+    require("docker")
     env = envs.load_environment("humaneval", batch_scoring=batch)
     n = 8
     good = await run_eval(env, get_policy("oracle", env), "oracle", output_dir=tmp_path / "o",
@@ -80,7 +80,7 @@ LOOP = "def f():\n    while True:\n        pass\n"
 
 async def test_a_loop_in_the_code_fails_at_the_cpu_limit() -> None:
     """The policy's own loop is its failure: the CPU limit ends it, a 0, no error."""
-    require_docker()
+    require("docker")
     async with SandboxManager("docker", max_sandboxes=1) as mgr:
         assert await run_tests(LOOP, INFO, sandboxes=mgr, spec=SPEC, cpu_s=1) is False
 
@@ -90,7 +90,7 @@ async def test_a_scorer_too_slow_to_decide_is_an_infra_failure_not_a_zero(tmp_pa
     the tests' 1 s wall-clock limit, although the reference solution is right. The rollout
     is an infrastructure failure (error_kind timeout, with why), out of reward_mean, never a
     0 for the policy."""
-    require_docker()
+    require("docker")
     starved = SandboxSpec(cpu=0.01, memory_mb=512, disk_mb=64, ttl_s=600)
     env = envs.load_environment("humaneval", sandbox_spec=starved, test_timeout_s=1.0, reuse_sandboxes=False)
     s = await run_eval(env, get_policy("oracle", env), "oracle", output_dir=tmp_path / "run", num_examples=2,

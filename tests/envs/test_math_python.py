@@ -1,6 +1,7 @@
-"""math_python in real sandgym/math sandboxes: oracle 1 and null 0 on three reasoning-gym
-generators (a few problems each; SANDGYM_BENCH_FULL=1 for the default 50), a wrong boxed
-answer scores 0, rows are seeded, and the training path (generate) works."""
+"""math_python in real sandgym/math sandboxes (built on first use when missing): oracle 1 and
+null 0 on three reasoning-gym generators (a few problems each; SANDGYM_BENCH_FULL=1 for the
+default 50), a wrong boxed answer scores 0, rows are seeded, and the training path (generate)
+works."""
 
 from __future__ import annotations
 
@@ -10,28 +11,22 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed (pip install -e '.[bench]')")
+from tests.conftest import require
+
+require("reasoning_gym")
 
 from sandgym import envs
 from sandgym.core.clients import ModelResponse
 from sandgym.core.evaluation import run_eval
 from sandgym.core.policies import OraclePolicy, get_policy
-from tests.conftest import require_docker
+from tests.conftest import require
 
-pytestmark = pytest.mark.anyio
+# sandgym/math is built by the first sandbox that needs it when missing (bootstrap builds only
+# the core images): minutes on a loaded machine, hence the longer limit.
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(1800)]
 
 GENERATORS = ["basic_arithmetic", "gcd", "simple_equations"]
 EVAL_SIZE = 50 if os.environ.get("SANDGYM_BENCH_FULL") == "1" else 4
-
-
-def require_math_image() -> None:
-    require_docker()
-    import docker
-
-    try:
-        docker.from_env().images.get("sandgym/math:latest")
-    except Exception:
-        pytest.skip("sandgym/math is missing: sandgym images build math")
 
 
 class OffByOne:
@@ -56,7 +51,7 @@ def test_rows_are_seeded_and_training_rows_are_other_problems() -> None:
 
 @pytest.mark.docker
 async def test_oracle_scores_1_and_null_0_on_three_generators(tmp_path: Path) -> None:
-    require_math_image()
+    require("docker")
     env = envs.load_environment("math_python", generators=GENERATORS, eval_size=EVAL_SIZE, train_size=0)
     good = await run_eval(env, get_policy("oracle", env), "oracle", output_dir=tmp_path / "o", concurrency=4)
     bad = await run_eval(env, get_policy("null", env), "null", output_dir=tmp_path / "n", concurrency=4)
@@ -67,7 +62,7 @@ async def test_oracle_scores_1_and_null_0_on_three_generators(tmp_path: Path) ->
 
 @pytest.mark.docker
 async def test_a_wrong_boxed_answer_scores_0(tmp_path: Path) -> None:
-    require_math_image()
+    require("docker")
     env = envs.load_environment("math_python", generators=["basic_arithmetic", "gcd"], eval_size=3, train_size=0)
     s = await run_eval(env, OffByOne(), "off_by_one", output_dir=tmp_path, concurrency=3)
     assert s["reward_mean"] == 0.0 and s["errors"] == 0 and s["metrics"]["has_boxed"] == 1.0
@@ -83,9 +78,9 @@ async def test_a_wrong_boxed_answer_scores_0(tmp_path: Path) -> None:
 async def test_the_training_path_loads_by_name_and_scores_groups(name: str, args: dict[str, Any]) -> None:
     """What `sandgym train` does with an environment: load it by name, roll out groups of a
     training batch with `generate`, get rewards and advantages."""
-    require_docker()
+    require("docker")
     if name.startswith("bfcl"):
-        pytest.importorskip("bfcl_eval")
+        require("bfcl_eval")
     from sandgym.train.env_source import EnvRolloutSource
 
     source = EnvRolloutSource(name, args)

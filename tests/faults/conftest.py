@@ -1,10 +1,3 @@
-"""Fault-injection tests. `faults`-marked tests disturb shared infrastructure (the Docker
-engine itself) and run only when asked: SANDGYM_FAULTS_DOCKERD=1."""
-
-from __future__ import annotations
-
-import pytest
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "faults: disturbs shared infrastructure (restarts dockerd); opt-in")
+"""Fault-injection tests: faults injected for real (kill -9, restarts, full disks). Those that
+disturb infrastructure other tests share (the Docker engine itself: the `faults` marker) run
+only when asked, SANDGYM_FAULTS_DOCKERD=1, which .ci/run sets: CI's machine is its own."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = [pytest.mark.docker]
 
@@ -34,7 +34,7 @@ def _containers_of_pid(pid: int) -> list[str]:
 
 
 def test_eval_sigkilled_then_pruned_and_resumed(tmp_path: Path) -> None:
-    require_docker()
+    require("docker")
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "sandgym", "eval", "humaneval", "--policy", "oracle", "-n", str(N), "-r", str(R), "-c", "2", "--provider", "docker"]
     env = {**os.environ, "SANDGYM_ORPHAN_GRACE_S": "600"}
@@ -69,8 +69,10 @@ def test_eval_sigkilled_then_pruned_and_resumed(tmp_path: Path) -> None:
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert out.returncode == 0, out.stderr[-2000:]
-        removed = set(json.loads(out.stdout.strip().splitlines()[-1])["removed"])
-        assert set(orphans) <= removed, (orphans, removed)
+        report = json.loads(out.stdout.strip().splitlines()[-1])
+        # Every sandgym process on the host reaps dead owners' sandboxes (other tests' managers
+        # run in parallel), so prune may find some already gone; none may be left or fail.
+        assert not set(orphans) & (set(report["failed"]) | set(report["kept"])), report
         assert _containers_of_pid(proc.pid) == []
     finally:  # never leave ours behind, whatever failed above
         import docker

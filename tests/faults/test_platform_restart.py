@@ -15,7 +15,7 @@ import pytest
 
 from sandgym.sandboxes import SandboxSpec
 from sandgym.sandboxes.errors import SandboxError
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -37,7 +37,7 @@ def _engine_ids(label: str) -> list[str]:
 
 
 async def test_platform_server_restarted_under_a_client() -> None:
-    require_docker()
+    require("docker")
     from sandgym.platform.service import ServerConfig
     from sandgym.platform.testing import ServerThread
     from sandgym.sandboxes.providers.prime import PrimeProvider

@@ -5,26 +5,19 @@ kill a node bring it back before they end."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import require_docker
+from tests.conftest import require
 
 NODE_CAP = 3  # sandboxes per node: small, the three nodes share two cores
 
 
-def require_ray() -> None:
-    if importlib.util.find_spec("ray") is None:
-        pytest.skip("ray is not installed (pip install 'sandgym[ray]')")
-
-
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[object]:
-    require_docker()
-    require_ray()
+    require("docker", "ray")
     from sandgym.sandboxes.providers.ray.cluster import LocalCluster, connect
 
     names = [f"t{os.getpid()}n{i}" for i in range(3)]

@@ -127,23 +127,18 @@ async def test_resume_on_the_fleet_runs_only_what_is_missing(cluster: Any, tmp_p
 
 
 @pytest.mark.anyio
+@pytest.mark.timeout(1800)  # sandgym/math is built first when missing: minutes
 async def test_an_environment_with_a_session_verifier_runs_on_the_fleet(cluster: Any, tmp_path: Path) -> None:
     """math_python opens a verifier sandbox in its sandbox session: on the fleet each node
     holds the environment inside its session, so the verifier is there for its rollouts."""
-    import docker
-
     from sandgym.envs import load_environment
     from sandgym.envs.math_python import MATH_IMAGE
     from sandgym.fleet.distributed import run_distributed_eval
     from sandgym.fleet.jobs import ClientSpec, EnvSpec
+    from sandgym.sandboxes.providers.docker.images import build_missing
 
-    client = docker.from_env()
-    try:
-        client.images.get(MATH_IMAGE)
-    except docker.errors.ImageNotFound:
-        pytest.skip(f"{MATH_IMAGE} is not built (sandgym images build)")
-    finally:
-        client.close()
+    # Built here when missing (what a sandbox's first use does), so every node finds it.
+    assert build_missing(MATH_IMAGE)
     args = {"generators": "gcd", "eval_size": 3, "train_size": 0}
     env = load_environment("math_python", **args)
     n = len(env.rows())

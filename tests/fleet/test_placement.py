@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import require
+
 
 def fsdp2_step(seed: int) -> dict[str, Any]:
     """One FSDP2 training step of the tiny model; runs in each rank."""
@@ -81,7 +83,7 @@ def test_a_layout_that_cannot_fit_is_refused(cluster: Any) -> None:
 
 
 def test_ranks_run_an_fsdp2_step_together(cluster: Any) -> None:
-    pytest.importorskip("torch")
+    require("torch")
     import ray.cloudpickle
 
     from sandgym.fleet.placement import TrainingLayout, TrainingPlacement, run_ranks

@@ -12,16 +12,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.conftest import require_docker
+from tests.conftest import require
 
-from .conftest import node_containers, require_ray
+from .conftest import node_containers
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_ray_up_then_eval_on_it(tmp_path: Path) -> None:
-    require_docker()
-    require_ray()
+    require("docker", "ray")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -60,7 +59,7 @@ def test_ray_up_then_eval_on_it(tmp_path: Path) -> None:
 
 def test_an_address_where_nothing_listens_fails_fast() -> None:
     """Ray itself retries such an address for minutes; sandgym says so and exits 2."""
-    require_ray()
+    require("ray")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # free once the socket closes: nothing listens there

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.conftest import require
 
 
 def test_trainer_rolls_out_on_the_fleet(cluster: Any, tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    require("torch")
     from sandgym.train.batch import states_to_sequences
     from sandgym.train.config import TrainConfig
     from sandgym.train.ray_source import RayRolloutSource

@@ -23,14 +23,14 @@ from sandgym.judge.model import Problem, TestCase
 from sandgym.judge.problemset import problem, problems, wrong_solutions
 from sandgym.judge.sandbox_harness import compare_text, compare_value
 from sandgym.sandboxes import SandboxManager, SandboxSpec
-from tests.conftest import require_docker
+from tests.conftest import require
 
 SPEC = SandboxSpec(cpu=1.0, memory_mb=1024, disk_mb=64, exec_timeout_s=600)
 
 
 @pytest.fixture
 async def sandbox() -> AsyncIterator[object]:
-    require_docker()
+    require("docker")
     async with SandboxManager("docker", max_sandboxes=1) as mgr, mgr.sandbox(SPEC) as sb:
         yield sb
 
@@ -240,7 +240,7 @@ async def test_every_layout_judges_its_reference_solution(sandbox: object, tmp_p
 @pytest.mark.anyio
 @pytest.mark.docker
 async def test_code_judge_oracle_scores_1_and_null_0(tmp_path: Path) -> None:
-    require_docker()
+    require("docker")
     env = envs.load_environment("code_judge")
     good = await run_eval(env, get_policy("oracle", env), "oracle", output_dir=tmp_path / "o", concurrency=4)
     bad = await run_eval(env, get_policy("null", env), "null", output_dir=tmp_path / "n", concurrency=4)
@@ -252,7 +252,7 @@ async def test_code_judge_oracle_scores_1_and_null_0(tmp_path: Path) -> None:
 @pytest.mark.anyio
 @pytest.mark.docker
 async def test_code_judge_from_a_local_file_with_partial_credit(tmp_path: Path) -> None:
-    require_docker()
+    require("docker")
     path = tmp_path / "cc.jsonl"
     row = dict(ROWS["codecontests"], solutions={"language": [3], "solution": ["a, b = map(int, input().split())\nprint(a + b if a else 99)\n"]})
     path.write_text(json.dumps(row) + "\n")

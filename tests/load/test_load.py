@@ -30,7 +30,7 @@ import pytest
 
 from sandgym.sandboxes import SandboxSpec
 from sandgym.sandboxes.manager import SandboxManager
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -141,7 +141,7 @@ async def no_containers(label: str, timeout: float = 60) -> list[str]:
 
 
 async def test_manager_load_docker() -> None:
-    require_docker()
+    require("docker")
     run_ids: list[str] = []
 
     async def run(n: int, m: int, latencies: list[float]) -> None:
@@ -170,7 +170,7 @@ async def test_manager_load_docker() -> None:
 
 
 async def test_platform_api_load() -> None:
-    require_docker()
+    require("docker")
     from sandgym.platform.testing import serve_in_thread
     from sandgym.sandboxes.providers.prime import PrimeProvider
 

@@ -1,8 +1,8 @@
 """Client tools that cannot share the test environment (the `prime` CLI 0.18 would downgrade
 typer; verifiers 0.4.0 pulls ~20 packages), each in its own virtual environment, made once
 and cached under ~/.cache/sandgym/venvs (of the real user, whatever HOME a test sets;
-SANDGYM_TEST_VENVS moves it). A test that needs one skips, saying why, when the package
-index cannot be reached."""
+SANDGYM_TEST_VENVS moves it). A test that needs one skips, saying why, when PyPI cannot be
+reached (also under CI=true: CI may be offline)."""
 
 from __future__ import annotations
 
@@ -16,21 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import lacking, pypi_reachable
+
 CACHE = Path(os.environ.get("SANDGYM_TEST_VENVS") or Path(pwd.getpwuid(os.getuid()).pw_dir) / ".cache" / "sandgym" / "venvs")
-
-
-def _index_reachable(package: str) -> str | None:
-    """None when pip can see `package` on its index, else why not."""
-    try:
-        out = subprocess.run(
-            [sys.executable, "-m", "pip", "index", "versions", package],
-            capture_output=True, text=True, timeout=60,
-        )
-    except subprocess.TimeoutExpired:
-        return "pip index timed out after 60 s"
-    if out.returncode != 0:
-        return (out.stderr.strip().splitlines() or ["pip index failed"])[-1]
-    return None
 
 
 def cached_venv(name: str, requirements: list[str]) -> Path:
@@ -44,9 +32,9 @@ def cached_venv(name: str, requirements: list[str]) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if stamp.exists() and stamp.read_text() == wanted:
             return root / "bin"
-        why = _index_reachable(requirements[0].split("=")[0].split("[")[0].strip("<>!~ "))
+        why = pypi_reachable(requirements[0].split("=")[0].split("[")[0].strip("<>!~ "))
         if why is not None:
-            pytest.skip(f"package index unreachable, cannot install {' '.join(requirements)}: {why}")
+            lacking(f"cannot install {' '.join(requirements)}: {why}", ci_has_it=False)
         shutil.rmtree(root, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, capture_output=True)
         out = subprocess.run(

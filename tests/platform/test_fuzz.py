@@ -8,10 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 
-schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, settings  # noqa: E402
+from tests.conftest import require
 
-from sandgym.platform.testing import serve_in_thread  # noqa: E402
+require("schemathesis")
+import schemathesis
+from hypothesis import HealthCheck, settings
+
+from sandgym.platform.testing import serve_in_thread
 
 TOKEN = "fuzz-token"
 

@@ -13,37 +13,23 @@ import pytest
 from prime_sandboxes import APIClient, CreateSandboxRequest, SandboxClient
 
 from sandgym.platform.testing import ServerThread, serve_in_thread
+from tests.conftest import require
 
-from .clienvs import _index_reachable
-from .conftest import IMAGE, backend
+from .conftest import IMAGE, backend, need_docker_backend
 
 TOKEN = "net-token"
 PYPI = ["pypi.org", "files.pythonhosted.org"]
 
 
-def _why_not() -> str | None:
-    if backend() != "docker":
-        return "egress needs the docker provider"
-    from sandgym.sandboxes.errors import SpecError
-    from sandgym.sandboxes.providers.docker.provider import DockerProvider
-    from sandgym.sandboxes.spec import EgressPolicy, SandboxSpec
-
-    provider = DockerProvider()
-    try:
-        provider.check(SandboxSpec(memory_mb=512, disk_mb=256, egress=EgressPolicy.nothing()))
-    except SpecError as exc:
-        return f"this engine cannot give sandboxes egress: {exc}"
-    finally:
-        provider.client.close()
-    why = _index_reachable("six")
-    return f"PyPI unreachable from this host: {why}" if why else None
+def need_egress() -> None:
+    """Egress through the docker provider, and PyPI (the allow-listed destination) reachable."""
+    need_docker_backend("egress")
+    require("egress", "pypi")
 
 
 @pytest.fixture(scope="module")
 def srv(isolated_home: str) -> Iterator[ServerThread]:
-    why = _why_not()
-    if why:
-        pytest.skip(why)
+    need_egress()
     with serve_in_thread([TOKEN], backend(), max_sandboxes=2) as s:
         yield s
 

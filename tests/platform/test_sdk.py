@@ -246,7 +246,7 @@ async def test_live_process_stdin_and_signal(server: ServerThread, client: Async
         rec = server.service.store.get_any(sandbox_id)
         assert rec is not None and rec.sessions is not None
         kinds = {type(s.process).__name__ for s in rec.sessions.running()}
-        want = "DockerLiveProcess" if server.service.manager.provider.name == "docker" else "ShellLiveProcess"
+        want = "ExecdLiveProcess" if server.service.manager.provider.name == "docker" else "ShellLiveProcess"
         assert kinds == {want}
         await proc.terminate()
         assert await asyncio.wait_for(proc.wait(), 20) == 143

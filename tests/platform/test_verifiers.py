@@ -15,12 +15,11 @@ import socket
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from sandgym.core.testing import MockOpenAIServer, Reply
+from tests.conftest import require
 
 from .clienvs import cached_venv
-from .conftest import backend
+from .conftest import need_docker_backend
 from .procs import ServeProcess, _docker_containers
 
 FIXTURE = Path(__file__).parent / "vf_fixture"
@@ -51,23 +50,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _engine_can_run_vm_with_egress() -> str | None:
-    if backend() != "docker":
-        return "needs the docker provider"
-    from sandgym.sandboxes.errors import SpecError
-    from sandgym.sandboxes.providers.docker.provider import DockerProvider
-    from sandgym.sandboxes.spec import EgressPolicy, SandboxSpec
-
-    provider = DockerProvider()
-    try:
-        provider.check(SandboxSpec(profile="vm", memory_mb=2048, disk_mb=2048, egress=EgressPolicy.nothing()))
-    except SpecError as exc:
-        return f"this engine cannot run vm sandboxes with egress: {exc}"
-    finally:
-        provider.client.close()
-    return None
-
-
 def vf_eval_command(vf_bin: Path, model_url: str, port: int) -> list[str]:
     """The command docs/platform.md gives (with the ports of this run)."""
     return [
@@ -84,9 +66,8 @@ def vf_eval_command(vf_bin: Path, model_url: str, port: int) -> list[str]:
 
 
 def test_verifiers_prime_runtime_null_harness(tmp_path: Path, isolated_home: str) -> None:
-    why = _engine_can_run_vm_with_egress()
-    if why:
-        pytest.skip(why)
+    need_docker_backend("the prime runtime's vm sandboxes with egress")
+    require("vm", "egress")
     vf_bin = cached_venv("verifiers-0.4.0", ["verifiers==0.4.0"])
     port = _free_port()
     state = tmp_path / "state"

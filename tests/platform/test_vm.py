@@ -12,34 +12,21 @@ import pytest
 from prime_sandboxes import APIClient, AsyncSandboxClient, CreateSandboxRequest, SandboxClient, SandboxNotRunningError
 
 from sandgym.platform.testing import ServerThread, serve_in_thread
+from tests.conftest import require
 
-from .conftest import IMAGE, backend
+from .conftest import IMAGE, need_docker_backend
 
 TOKEN = "vm-token"
 
 
-def _why_not() -> str | None:
-    if backend() != "docker":
-        return "the vm profile needs the docker provider"
-    from sandgym.sandboxes.errors import SpecError
-    from sandgym.sandboxes.providers.docker.provider import DockerProvider
-    from sandgym.sandboxes.spec import SandboxSpec
-
-    provider = DockerProvider()
-    try:
-        provider.check(SandboxSpec(profile="vm", memory_mb=512, disk_mb=256))
-    except SpecError as exc:
-        return f"this engine cannot run vm sandboxes: {exc}"
-    finally:
-        provider.client.close()
-    return None
+def need_vm() -> None:
+    need_docker_backend("the vm profile")
+    require("vm")
 
 
 @pytest.fixture(scope="module")
 def vm(isolated_home: str) -> Iterator[ServerThread]:
-    why = _why_not()
-    if why:
-        pytest.skip(why)
+    need_vm()
     with serve_in_thread([TOKEN], "docker", max_sandboxes=3, profile="vm", reap_interval_s=0.5) as s:
         yield s
 

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.conftest import lacking
+
 
 @pytest.fixture
 def fds_past_1024() -> Iterator[None]:
@@ -16,7 +18,7 @@ def fds_past_1024() -> Iterator[None]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 2048:
         if hard != resource.RLIM_INFINITY and hard < 2048:
-            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < 2048")
+            lacking(f"RLIMIT_NOFILE hard limit {hard} < 2048, and raising it needs root")
         resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))
     held: list[int] = []
     try:

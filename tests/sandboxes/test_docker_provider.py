@@ -30,26 +30,11 @@ from sandgym.sandboxes.providers.docker.execd import DockerExecdTransport
 from sandgym.sandboxes.providers.docker.transport import Transport
 from sandgym.sandboxes.spec import LABEL_OWNER, SandboxSpec
 
-pytestmark = [pytest.mark.anyio, pytest.mark.docker]
+pytestmark = [pytest.mark.anyio, pytest.mark.requires("docker")]
 
 RUN = uuid.uuid4().hex[:12]
 LABELS = {LABEL_OWNER: "test-docker-provider", "sandgym.run": RUN}
 SPEC = SandboxSpec(memory_mb=512, disk_mb=32, pids=128, ttl_s=900, exec_timeout_s=60)
-
-
-def _engine_reachable() -> str | None:
-    try:
-        import docker
-
-        docker.from_env().ping()
-    except Exception as exc:
-        return f"Docker engine unreachable: {exc!r}"
-    return None
-
-
-_UNREACHABLE = _engine_reachable()
-if _UNREACHABLE:
-    pytest.skip(_UNREACHABLE, allow_module_level=True)
 
 
 @pytest.fixture(scope="module")

@@ -6,25 +6,18 @@ from __future__ import annotations
 import http.server
 import io
 import threading
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from sandgym.sandboxes.egress.proxy import squid_binary
-from sandgym.sandboxes.errors import SandboxCreateError, SandboxError, SpecError
+from sandgym.sandboxes.errors import SandboxCreateError, SandboxError
 from sandgym.sandboxes.ownership import owner_labels
 from sandgym.sandboxes.providers.docker import DockerProvider, DockerSandbox
 from sandgym.sandboxes.spec import EgressPolicy, SandboxSpec
-from tests.conftest import docker_ready
+from tests.conftest import require
 
-pytestmark = [pytest.mark.anyio, pytest.mark.docker]
-
-if docker_ready():
-    pytest.skip(docker_ready() or "", allow_module_level=True)
-if squid_binary() is None:
-    pytest.skip("squid is not installed (apt-get install squid): egress cannot be tested", allow_module_level=True)
+pytestmark = [pytest.mark.anyio, pytest.mark.requires("docker", "egress")]
 
 RUN = uuid.uuid4().hex[:12]
 LABELS = {**owner_labels("test-egress"), "sandgym.run": RUN}
@@ -98,11 +91,10 @@ async def made(provider: DockerProvider) -> AsyncIterator[list[DockerSandbox]]:
 
 
 def _spec(provider: DockerProvider, profile: str, policy: EgressPolicy | None) -> SandboxSpec:
+    if profile == "vm":
+        require("vm")
     spec = BASE.model_copy(update={"profile": profile, "egress": policy, "network": policy is not None})
-    try:
-        provider.check(spec)
-    except SpecError as exc:
-        pytest.skip(f"profile {profile} is unavailable here: {exc}")
+    provider.check(spec)  # a SpecError here is a failure: the capabilities above are there
     return spec
 
 
@@ -111,14 +103,6 @@ async def _new(provider: DockerProvider, made: list[DockerSandbox], spec: Sandbo
     made.append(sb)
     await sb.write_file("/tmp/fetch.py", FETCH)
     return sb
-
-
-def _pypi_reachable() -> str | None:
-    try:
-        urllib.request.urlopen("https://pypi.org/simple/six/", timeout=10).close()
-    except Exception as exc:
-        return f"PyPI is unreachable from this host: {exc!r}"
-    return None
 
 
 @pytest.mark.parametrize("profile", ["strict", "vm"])
@@ -210,9 +194,7 @@ async def test_egress_needs_python_in_the_image(provider: DockerProvider) -> Non
 async def test_pip_install_through_the_allow_list(
     provider: DockerProvider, made: list[DockerSandbox], profile: str
 ) -> None:
-    why = _pypi_reachable()
-    if why:
-        pytest.skip(why)
+    require("pypi")
     sb = await _new(provider, made, _spec(provider, profile, EgressPolicy(allow=["pypi.org", "*.pythonhosted.org"])))
     # Debian's python refuses pip outside a venv unless told (PEP 668); strict has no root.
     target = "--user --break-system-packages" if profile == "strict" else "--break-system-packages"

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import docker
 import pytest
 
 from sandgym.sandboxes.errors import SandboxFileNotFound, SandboxGoneError
@@ -31,6 +32,7 @@ from sandgym.sandboxes.execd import (
 )
 from sandgym.sandboxes.execd import server as execd_server
 from sandgym.sandboxes.providers.docker.execd import execd_volumes
+from tests.conftest import require
 
 pytestmark = pytest.mark.anyio
 
@@ -477,18 +479,9 @@ IMAGE = "sandgym/python:latest"
 TMPFS = {"/workspace": "size=64m,uid=1000,gid=1000,mode=0755,exec", "/tmp": "size=64m,mode=1777,exec"}
 
 
-def _engine():  # type: ignore[no-untyped-def]
-    docker = pytest.importorskip("docker")
-    try:
-        engine = docker.from_env()
-        engine.ping()
-    except Exception as exc:  # pragma: no cover - depends on the host
-        pytest.skip(f"Docker engine unreachable: {exc}")
-    try:
-        engine.images.get(IMAGE)
-    except docker.errors.ImageNotFound:
-        pytest.skip(f"image {IMAGE} not built yet")
-    return engine
+def _engine() -> docker.DockerClient:
+    require("docker", f"image:{IMAGE}")
+    return docker.from_env()
 
 
 def _socket_dir() -> Path:
@@ -593,8 +586,6 @@ async def test_container_oom_timeout_and_zombies(container_sock) -> None:
 async def test_execd_under_docker_init_and_ttl_removes_container() -> None:
     """With the engine's init (as the docker provider runs it) execd is not PID 1; its
     TTL ending the main process makes an auto-removed container vanish by itself."""
-    import docker
-
     engine = _engine()
     host_dir = _socket_dir()
     ctr = engine.containers.run(

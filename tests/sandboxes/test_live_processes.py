@@ -1,20 +1,28 @@
-"""Both LiveProcess implementations on a real docker sandbox: output as it appears, stdin,
-signals, exit codes; and the docker one when its socket's fd is past select()'s 1024."""
+"""The LiveProcess implementations on real docker sandboxes: output as it appears, stdin,
+signals, exit codes (execd's, the Docker exec API's for images without python3, and the
+exec-built shell one); execd's own promises (a hung-up client leaves the process running
+and signallable, big stdin and output, background children); and the Docker exec one when
+its socket's fd is past select()'s 1024."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator
 
 import anyio
 import pytest
 
 from sandgym.sandboxes import ManagedSandbox, SandboxManager, SandboxSpec
+from sandgym.sandboxes.errors import SpecError
+from sandgym.sandboxes.execd import ExecdLiveProcess, ExecdRequestError
 from sandgym.sandboxes.live import LiveProcess, ShellLiveProcess
 from sandgym.sandboxes.providers.docker import DockerProvider
 from sandgym.sandboxes.providers.docker.live import DockerLiveProcess
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = pytest.mark.anyio
+
+SPEC = SandboxSpec(memory_mb=512, disk_mb=256)
 
 
 @pytest.fixture(scope="module")
@@ -24,23 +32,44 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 async def sandbox() -> AsyncIterator[ManagedSandbox]:
-    require_docker()
+    require("docker")
     async with SandboxManager("docker", max_sandboxes=1) as mgr:
-        sb = await mgr.acquire(SandboxSpec(memory_mb=512, disk_mb=256))
+        sb = await mgr.acquire(SPEC)
         try:
             yield sb
         finally:
             await mgr.release(sb)
 
 
+@pytest.fixture(scope="module")
+async def no_execd_sandbox() -> AsyncIterator[ManagedSandbox]:
+    """A sandbox whose commands go through `docker exec` (as for images without python3)."""
+    require("docker")
+    async with SandboxManager(DockerProvider(execd=False), max_sandboxes=1) as mgr:
+        sb = await mgr.acquire(SPEC)
+        try:
+            yield sb
+        finally:
+            await mgr.release(sb)
+
+
+KINDS = ["execd", "docker-exec", "shell"]
+
+
+@pytest.fixture
+def kind_sandbox(request: pytest.FixtureRequest) -> ManagedSandbox:
+    kind = request.node.callspec.params["kind"]
+    return request.getfixturevalue("no_execd_sandbox" if kind == "docker-exec" else "sandbox")  # type: ignore[no-any-return]
+
+
 async def _start(kind: str, sb: ManagedSandbox, argv: list[str], env: dict[str, str], cwd: str) -> LiveProcess:
-    if kind == "docker":  # the sandbox's own kind: docker streams through the exec API
-        proc = await sb.start_live(argv, env=env, cwd=cwd)
-        assert isinstance(proc, DockerLiveProcess)
-        return proc
-    shell = ShellLiveProcess(sb, argv)  # what every other provider gets
-    await shell.start(env, cwd)
-    return shell
+    if kind == "shell":
+        shell = ShellLiveProcess(sb, argv)  # what every provider without a streaming API gets
+        await shell.start(env, cwd)
+        return shell
+    proc = await sb.start_live(argv, env=env, cwd=cwd)  # the sandbox's own kind
+    assert isinstance(proc, ExecdLiveProcess if kind == "execd" else DockerLiveProcess)
+    return proc
 
 
 async def _collect(proc: LiveProcess, until: bytes | None = None) -> tuple[bytes, bytes, int | None, AsyncIterator]:
@@ -59,9 +88,9 @@ async def _collect(proc: LiveProcess, until: bytes | None = None) -> tuple[bytes
     return out, err, None, it
 
 
-@pytest.mark.parametrize("kind", ["docker", "shell"])
-async def test_stdin_output_and_terminate(sandbox: ManagedSandbox, kind: str) -> None:
-    proc = await _start(kind, sandbox, ["/bin/bash", "-c", "echo ready; echo to-err >&2; while read l; do echo got:$l; done"], {"X": "1"}, "/tmp")
+@pytest.mark.parametrize("kind", KINDS)
+async def test_stdin_output_and_terminate(kind_sandbox: ManagedSandbox, kind: str) -> None:
+    proc = await _start(kind, kind_sandbox, ["/bin/bash", "-c", "echo ready; echo to-err >&2; while read l; do echo got:$l; done"], {"X": "1"}, "/tmp")
     try:
         assert proc.pid > 0
         await proc.write_stdin(b"one\ntwo\n")
@@ -80,9 +109,9 @@ async def test_stdin_output_and_terminate(sandbox: ManagedSandbox, kind: str) ->
         await proc.cleanup()
 
 
-@pytest.mark.parametrize("kind", ["docker", "shell"])
-async def test_exit_code_env_and_cwd(sandbox: ManagedSandbox, kind: str) -> None:
-    proc = await _start(kind, sandbox, ["/bin/bash", "-c", 'echo "$X $(pwd)"; exit 9'], {"X": "from-env"}, "/tmp")
+@pytest.mark.parametrize("kind", KINDS)
+async def test_exit_code_env_and_cwd(kind_sandbox: ManagedSandbox, kind: str) -> None:
+    proc = await _start(kind, kind_sandbox, ["/bin/bash", "-c", 'echo "$X $(pwd)"; exit 9'], {"X": "from-env"}, "/tmp")
     try:
         out, _, code, _ = await _collect(proc)
         assert (out, code) == (b"from-env /tmp\n", 9)
@@ -92,9 +121,9 @@ async def test_exit_code_env_and_cwd(sandbox: ManagedSandbox, kind: str) -> None
 
 async def test_docker_live_process_with_a_high_fd(fds_past_1024: None) -> None:
     """select() cannot watch fds >= 1024; the docker live process must work past that."""
-    require_docker()
+    require("docker")
     # A provider made now: its engine connections (and the exec socket) are opened above 1024.
-    async with SandboxManager(DockerProvider(), max_sandboxes=1) as mgr:
+    async with SandboxManager(DockerProvider(execd=False), max_sandboxes=1) as mgr:
         sb = await mgr.acquire(SandboxSpec(memory_mb=256, disk_mb=64))
         try:
             proc = await sb.start_live(["/bin/bash", "-c", "echo hi; read l; echo got:$l; exit 4"])
@@ -104,6 +133,81 @@ async def test_docker_live_process_with_a_high_fd(fds_past_1024: None) -> None:
                 await proc.write_stdin(b"line\n")
                 out, _, code, _ = await _collect(proc)
                 assert (out, code) == (b"hi\ngot:line\n", 4)
+            finally:
+                await proc.cleanup()
+        finally:
+            await mgr.release(sb)
+
+
+async def test_execd_process_outlives_its_client_and_can_still_be_signalled(sandbox: ManagedSandbox) -> None:
+    proc = await sandbox.start_live(["/bin/bash", "-c", "echo up; exec sleep 300"])
+    assert isinstance(proc, ExecdLiveProcess)
+    out, _, code, _ = await _collect(proc, until=b"up\n")
+    assert (out, code) == (b"up\n", None)
+    await proc.cleanup()  # this side hangs up: the process runs on
+    alive = await sandbox.exec(["/bin/sh", "-c", f"kill -0 {proc.pid}"])
+    assert alive.exit_code == 0, alive.stderr
+    await proc.signal(9)
+    with anyio.fail_after(30):
+        while (await sandbox.exec(["/bin/sh", "-c", f"kill -0 {proc.pid}"])).exit_code == 0:
+            await anyio.sleep(0.05)
+    # Once it has ended, it is no longer a process execd will signal.
+    assert await proc.client.signal(proc.pid, 9) is False
+
+
+async def test_execd_big_stdin_and_output(sandbox: ManagedSandbox) -> None:
+    """More stdin than execd buffers before it stops reading the client (4 MiB), and output
+    far past one pipe's worth, arrive whole and in order."""
+    data = bytes(range(256)) * (6 * 4096)  # 6 MiB
+    n_out = 3_000_000
+    proc = await sandbox.start_live(
+        ["/bin/bash", "-c", f"head -c {len(data)} | sha256sum; head -c {n_out} /dev/zero | tr '\\0' x"]
+    )
+    try:
+        for i in range(0, len(data), 1 << 20):
+            await proc.write_stdin(data[i : i + (1 << 20)])
+        out, err, code, _ = await _collect(proc)
+        digest, _, rest = out.partition(b"  -\n")
+        assert (digest.decode(), code, err) == (hashlib.sha256(data).hexdigest(), 0, b"")
+        assert rest == b"x" * n_out
+    finally:
+        await proc.cleanup()
+
+
+async def test_execd_exit_is_not_held_by_a_background_child(sandbox: ManagedSandbox) -> None:
+    proc = await sandbox.start_live(["/bin/bash", "-c", "sleep 300 & echo started; exit 6"])
+    try:
+        out, _, code, _ = await _collect(proc)  # within _collect's 30 s, not the child's 300
+        assert (out, code) == (b"started\n", 6)
+    finally:
+        await proc.cleanup()
+        await sandbox.exec(["pkill", "-f", "sleep 300"])
+
+
+@pytest.mark.parametrize("argv, cwd", [(["/no/such/program"], None), (["true"], "/no/such/dir")])
+async def test_execd_start_failure_is_an_error(sandbox: ManagedSandbox, argv: list[str], cwd: str | None) -> None:
+    with pytest.raises(ExecdRequestError, match="spawn_failed"):
+        await sandbox.start_live(argv, cwd=cwd)
+
+
+async def test_execd_live_process_under_gvisor() -> None:
+    """The vm profile (gVisor, whose 2022 kernel lacks pidfd_open: execd polls for the exit)."""
+    require("docker")
+    provider = DockerProvider()
+    vm = SPEC.model_copy(update={"profile": "vm"})
+    try:
+        provider.check(vm)
+    except SpecError as exc:
+        pytest.skip(f"profile vm is unavailable here: {exc}")
+    async with SandboxManager(provider, max_sandboxes=1) as mgr:
+        sb = await mgr.acquire(vm)
+        try:
+            proc = await sb.start_live(["/bin/bash", "-c", 'echo "$(id -u) $X"; read l; echo "got:$l"; exit 7'], env={"X": "x"})
+            try:
+                assert isinstance(proc, ExecdLiveProcess)
+                await proc.write_stdin(b"in\n")
+                out, _, code, _ = await _collect(proc)
+                assert (out, code) == (b"0 x\ngot:in\n", 7)
             finally:
                 await proc.cleanup()
         finally:

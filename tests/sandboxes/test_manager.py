@@ -23,7 +23,7 @@ from sandgym.sandboxes import (
 )
 from sandgym.sandboxes.base import Sandbox
 from sandgym.sandboxes.spec import LABEL_OWNER
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = pytest.mark.anyio
 
@@ -198,7 +198,7 @@ async def test_invalid_spec_fails_before_any_sandbox() -> None:
         SandboxSpec(memory_mb=-1)
     with pytest.raises(ValueError, match=r"cpu=.*allowed range"):
         SandboxSpec(cpu=10_000)
-    require_docker()
+    require("docker")
     async with SandboxManager("docker") as mgr:
         with pytest.raises(SpecError, match="image"):
             await mgr.acquire(SandboxSpec(image="sandgym/no-such-image:1"))
@@ -216,7 +216,7 @@ async def test_context_manager_releases_on_error() -> None:
 @pytest.mark.parametrize("provider_name", ["docker", "local"])
 async def test_sigkilled_driver_leaves_sandboxes_that_prune_removes(provider_name: str) -> None:
     if provider_name == "docker":
-        require_docker()
+        require("docker")
     run_id = f"killed{os.getpid()}{int(time.time())}"
     child = textwrap.dedent(f"""
         import anyio, sys

@@ -9,7 +9,7 @@ import pytest
 from sandgym.sandboxes import SandboxManager, SandboxSpec, get_provider
 from sandgym.sandboxes.base import ExecJob
 from sandgym.sandboxes.spec import LABEL_OWNER
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = pytest.mark.anyio
 
@@ -26,7 +26,7 @@ async def _ids_of_run(provider_name: str, run_id: str) -> set[str]:
 
 @pytest.mark.docker
 async def test_reuse_resets_and_pools_the_same_sandbox() -> None:
-    require_docker()
+    require("docker")
     async with SandboxManager("docker", max_sandboxes=1) as mgr:  # no refill: one box
         await mgr.warm(SPEC, 1)
         async with mgr.sandbox(SPEC, reuse=True) as sb:
@@ -85,7 +85,7 @@ async def test_background_recycle_frees_the_slot_and_close_waits() -> None:
 @pytest.mark.parametrize("provider_name", ["docker", "local"])
 async def test_exec_many_through_the_manager(provider_name: str) -> None:
     if provider_name == "docker":
-        require_docker()
+        require("docker")
     seen: list[str] = []
     jobs = [ExecJob(f"echo {i}") for i in range(6)] + [ExecJob("sleep 20", timeout=1)]
     async with SandboxManager(provider_name) as mgr:
@@ -107,7 +107,7 @@ async def test_exec_batcher_gathers_concurrent_jobs(provider_name: str) -> None:
     from sandgym.sandboxes.batching import ExecBatcher
 
     if provider_name == "docker":
-        require_docker()
+        require("docker")
     results: dict[int, str] = {}
     async with SandboxManager(provider_name, max_sandboxes=4) as mgr:
         batcher = ExecBatcher(mgr, SPEC, max_batch=5, window_s=0.2)
@@ -132,7 +132,7 @@ async def test_exec_batcher_gathers_concurrent_jobs(provider_name: str) -> None:
 async def test_waiters_get_a_reused_sandbox_at_the_cap() -> None:
     # Every slot is held by the pool: a caller waiting for one must be woken when a sandbox
     # comes back reset (it holds its slot), not wait for a slot that never frees.
-    require_docker()
+    require("docker")
     used: list[str] = []
     async with SandboxManager("docker", max_sandboxes=2) as mgr:
         await mgr.warm(SPEC, 2, wait=False)  # made in the background, racing the callers

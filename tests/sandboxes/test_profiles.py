@@ -24,12 +24,9 @@ from sandgym.sandboxes.ownership import owner_labels
 from sandgym.sandboxes.providers.docker import DockerProvider, DockerSandbox
 from sandgym.sandboxes.providers.docker.runtime import DISK_ROOT
 from sandgym.sandboxes.spec import SandboxSpec
-from tests.conftest import docker_ready
+from tests.conftest import available, lacking, require
 
-pytestmark = [pytest.mark.anyio, pytest.mark.docker]
-
-if docker_ready():
-    pytest.skip(docker_ready() or "", allow_module_level=True)
+pytestmark = [pytest.mark.anyio, pytest.mark.requires("docker")]
 
 RUN = uuid.uuid4().hex[:12]
 LABELS = {**owner_labels("test-profiles"), "sandgym.run": RUN}
@@ -55,16 +52,13 @@ async def provider() -> AsyncIterator[DockerProvider]:
 
 @pytest.fixture(scope="module")
 def vm_ok(provider: DockerProvider) -> None:
-    try:
-        provider.check(VM)
-    except SpecError as exc:
-        pytest.skip(f"profile vm is unavailable here: {exc}")
+    require("vm")
 
 
 @pytest.fixture(scope="module")
 def loop_ok(provider: DockerProvider) -> None:
-    if provider.plan(STRICT).disk != "loop":
-        pytest.skip(f"no per-sandbox disks here: {provider._loop_unavailable()}")
+    require("disks")
+    assert provider.plan(STRICT).disk == "loop", provider.plan(STRICT)
 
 
 @pytest.fixture
@@ -103,7 +97,7 @@ def _oom_kills(cid: str) -> int:
                     return int(line.split()[1])
         except OSError:
             continue
-    pytest.skip("cannot read the container's memory cgroup counters here")
+    lacking(f"cannot read the memory cgroup counters of container {cid} here")
 
 
 _FILL = textwrap.dedent("""\
@@ -209,10 +203,7 @@ async def test_disk_full_is_enospc_and_spends_no_memory(
     provider: DockerProvider, made: list[DockerSandbox], loop_ok: None, profile: str
 ) -> None:
     if profile == "vm":
-        try:
-            provider.check(VM)
-        except SpecError as exc:
-            pytest.skip(str(exc))
+        require("vm")
     # 300 MiB of disk behind 128 MiB of memory: twice the memory limit is written to disk.
     spec = STRICT.model_copy(update={"profile": profile, "memory_mb": 128, "disk_mb": 300})
     sb = await _new(provider, made, spec)
@@ -249,11 +240,7 @@ async def test_bad_disk_and_memory_are_refused_naming_the_range(provider: Docker
         provider.check(STRICT.model_copy(update={"disk_mb": 1024 * 1024}))
     with pytest.raises(SpecError, match=r"disk_mb=1048576"):
         await provider.create(STRICT.model_copy(update={"disk_mb": 1024 * 1024}), LABELS)
-    try:
-        provider.check(VM)
-    except SpecError:
-        pass
-    else:
+    if available("vm"):
         with pytest.raises(SpecError, match=r"memory_mb=32 .*gVisor.*allowed range: \[64, \d+\]"):
             provider.check(VM.model_copy(update={"memory_mb": 32}))
     p = DockerProvider(disk="tmpfs")  # the old way: the workdir and /tmp cost memory
@@ -273,11 +260,8 @@ async def test_failed_start_leaves_nothing_behind(provider: DockerProvider, loop
     p = DockerProvider(socket_root=tmp_path / "sockets")  # its own socket dirs: others may be creating now
     before_disks = _our_disks()
     try:
-        for spec in (STRICT.model_copy(update={"user": "nosuchuser"}), VM.model_copy(update={"user": "nosuchuser"})):
-            try:
-                p.check(spec)
-            except SpecError:
-                continue
+        specs = [STRICT] + ([VM] if available("vm") else [])
+        for spec in (s.model_copy(update={"user": "nosuchuser"}) for s in specs):
             with pytest.raises(SandboxCreateError, match="nosuchuser"):
                 await p.create(spec, LABELS)
     finally:
@@ -368,11 +352,9 @@ async def test_a_killed_driver_leaves_nothing_behind(provider: DockerProvider, v
 async def test_truncation_is_always_flagged(provider: DockerProvider, made: list[DockerSandbox], profile: str) -> None:
     """Issue 12, item 6: 20 MB of stdout under a 16 MiB cap comes back cut *and flagged*,
     whichever way the command ran."""
+    if profile == "vm":
+        require("vm")
     spec = STRICT.model_copy(update={"profile": profile, "output_limit_bytes": 16 << 20, "memory_mb": 512})
-    try:
-        provider.check(spec)
-    except SpecError as exc:
-        pytest.skip(str(exc))
     sb = await _new(provider, made, spec)
     cmd = "head -c 20000000 /dev/zero | tr '\\0' x"
     one = await sb.exec(cmd, timeout=120)

@@ -8,7 +8,6 @@ import base64
 import io
 import json
 import os
-import shutil
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -22,15 +21,10 @@ from sandgym.sandboxes.ownership import owner_labels
 from sandgym.sandboxes.providers.docker import DockerProvider
 from sandgym.sandboxes.providers.docker.pull import PullProgress
 from sandgym.sandboxes.spec import SandboxSpec
-from tests.conftest import docker_ready
-from tests.registry import MISSING, REGISTRY, free_port, local_registry
+from tests.conftest import require
+from tests.registry import free_port, local_registry
 
-pytestmark = [pytest.mark.anyio, pytest.mark.docker]
-
-if docker_ready():
-    pytest.skip(docker_ready() or "", allow_module_level=True)
-if REGISTRY is None:
-    pytest.skip(MISSING, allow_module_level=True)
+pytestmark = [pytest.mark.anyio, pytest.mark.requires("docker", "registry")]
 
 RUN = uuid.uuid4().hex[:12]
 LABELS = {**owner_labels("test-registry"), "sandgym.run": RUN}
@@ -47,10 +41,8 @@ class Registry:
 
 
 def _bcrypt_htpasswd(path: Path) -> None:
-    htpasswd = shutil.which("htpasswd")
-    if htpasswd is None:
-        pytest.skip("htpasswd is not installed (apt-get install apache2-utils): no auth registry")
-    out = subprocess.run([htpasswd, "-Bbn", USER, PASSWORD], capture_output=True, text=True, check=True).stdout
+    require("htpasswd")
+    out = subprocess.run(["htpasswd", "-Bbn", USER, PASSWORD], capture_output=True, text=True, check=True).stdout
     path.write_text(out)
 
 
@@ -193,9 +185,8 @@ async def test_pull_failures_are_clear_and_not_retried(provider: DockerProvider,
     assert await provider.list({"sandgym.run": RUN}) == []
 
 
+@pytest.mark.parametrize("registry", ["htpasswd"], indirect=True)  # the open one takes no credentials
 async def test_wrong_credentials_are_refused(provider: DockerProvider, registry: Registry, pushed: str, docker_config: Path) -> None:
-    if not registry.auth:
-        pytest.skip("the open registry takes no credentials")
     good = (docker_config / "config.json").read_text()
     bad = {"auths": {registry.host: {"auth": base64.b64encode(f"{USER}:wrong".encode()).decode()}}}
     (docker_config / "config.json").write_text(json.dumps(bad))  # read again before each pull

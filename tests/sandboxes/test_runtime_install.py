@@ -19,8 +19,16 @@ def test_merge_keeps_other_keys_and_is_idempotent(tmp_path: Path) -> None:
     assert conf["log-driver"] == "json-file" and conf["runtimes"]["nvidia"] == {"path": "/x"}
     assert conf["runtimes"]["runsc"] == {"path": str(rt.WRAPPER_PATH)}
     assert conf["runtimes"]["runc-sandgym"] == {"path": str(rt.RUNC_LINK)}
+    assert conf["live-restore"] is True  # an engine restart keeps the sandboxes
     before = p.read_text()
     assert rt.merge_daemon_json(p) is False and p.read_text() == before
+
+
+def test_merge_keeps_the_operators_live_restore(tmp_path: Path) -> None:
+    p = tmp_path / "daemon.json"
+    p.write_text(json.dumps({"live-restore": False}))
+    assert rt.merge_daemon_json(p) is True
+    assert json.loads(p.read_text())["live-restore"] is False
 
 
 def test_merge_creates_a_missing_file_and_refuses_broken_json(tmp_path: Path) -> None:

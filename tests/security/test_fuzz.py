@@ -21,10 +21,13 @@ from typing import Any
 import httpx
 import pytest
 
-schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, settings  # noqa: E402
+from tests.conftest import require
 
-from sandgym.platform.testing import ServerThread, serve_in_thread  # noqa: E402
+require("schemathesis")
+import schemathesis
+from hypothesis import HealthCheck, settings
+
+from sandgym.platform.testing import ServerThread, serve_in_thread
 
 TOKEN_A = "tenant-a-" + secrets.token_hex(8)
 TOKEN_B = "tenant-b-" + secrets.token_hex(8)
@@ -44,10 +47,7 @@ def _wait_running(client: httpx.Client, sid: str, token: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def two_tenants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    from sandgym.sandboxes.providers.local import LocalProvider
-
-    if LocalProvider().capabilities.bwrap is None:
-        pytest.skip("the local provider has no bubblewrap here")
+    require("bwrap")
     with serve_in_thread([TOKEN_A, TOKEN_B], "local", max_sandboxes=8, quota=4) as srv:
         with httpx.Client(base_url=srv.url, timeout=30) as c:
             r = c.post(

@@ -12,7 +12,7 @@ from sandgym.core.state import State
 from sandgym.swe.agentic import SWEAgentEnv
 from sandgym.swe.bundled import BROKEN, init_repo
 from sandgym.swe.tasks import SWETask
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -23,7 +23,7 @@ def _good(bundled: dict[str, SWETask]) -> list[SWETask]:
 
 @pytest.mark.parametrize("policy,reward", [("oracle", 1.0), ("null", 0.0)])
 async def test_policies(bundled: dict[str, SWETask], policy: str, reward: float) -> None:
-    require_docker()
+    require("docker")
     env = SWEAgentEnv(_good(bundled))
     async with env.sandbox_session("docker", max_sandboxes=2) as mgr:
         states = await env.generate(get_policy(policy, env), policy, max_concurrent=2, split="eval")
@@ -47,7 +47,7 @@ async def test_policies(bundled: dict[str, SWETask], policy: str, reward: float)
 async def test_oracle_creates_a_whole_file_when_a_hunk_is_not_unique(tmp_path: Path) -> None:
     """Two identical blocks: the hunk's text occurs twice, so `str_replace` cannot place it;
     the oracle writes the patched file with `create` instead (and still resolves)."""
-    require_docker()
+    require("docker")
     src = tmp_path / "src"
     (src / "tests").mkdir(parents=True)
     block = "def f():\n    return 1\n"
@@ -70,7 +70,7 @@ async def test_oracle_creates_a_whole_file_when_a_hunk_is_not_unique(tmp_path: P
 
 
 async def test_editor_commands(bundled: dict[str, SWETask]) -> None:
-    require_docker()
+    require("docker")
     env = SWEAgentEnv([bundled["slugger__collapse-runs"]])
     async with env.sandbox_session("docker", max_sandboxes=1):
         state = env.init_state(env.rows()[0])

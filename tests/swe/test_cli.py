@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = pytest.mark.docker
 
@@ -19,7 +19,7 @@ def _swe(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_debug_gold_patch_json_and_broken_report(bundled_dir: Path, tmp_path: Path) -> None:
-    require_docker()
+    require("docker")
     out = tmp_path / "run"
     proc = _swe("debug", str(bundled_dir / "tasks.jsonl"), "--step", "gold_patch", "-c", "2", "--json", "-o", str(out))
     assert proc.returncode == 0, proc.stderr
@@ -49,7 +49,7 @@ def test_debug_gold_patch_json_and_broken_report(bundled_dir: Path, tmp_path: Pa
 
 
 def test_debug_step_none_and_bad_input(bundled_dir: Path, tmp_path: Path) -> None:
-    require_docker()
+    require("docker")
     proc = _swe("debug", str(bundled_dir / "tasks-good.jsonl"), "--step", "none", "--json", "-o", str(tmp_path / "none"))
     assert proc.returncode == 0, proc.stderr
     summ = json.loads(proc.stdout)
@@ -64,7 +64,7 @@ def test_debug_step_none_and_bad_input(bundled_dir: Path, tmp_path: Path) -> Non
 def test_validate_flags_the_broken_task(bundled_dir: Path, tmp_path: Path) -> None:
     """Gold and empty patch, two runs each: the good task is valid; the broken one is not,
     and the table says why (its gold patch fails a named test in every run)."""
-    require_docker()
+    require("docker")
     out = tmp_path / "val"
     proc = _swe("validate", str(bundled_dir / "tasks.jsonl"), "-i", "statskit__median-even",
                 "-i", "romanize__subtractive-broken-gold", "--runs", "2", "-o", str(out), "--json")
@@ -91,7 +91,7 @@ def test_validate_flags_the_broken_task(bundled_dir: Path, tmp_path: Path) -> No
 
 def test_network_rows_need_an_allow_list(bundled_dir: Path, tmp_path: Path) -> None:
     # (prebuilt images: tests/swe/test_prebuilt.py, against a registry on 127.0.0.1)
-    require_docker()
+    require("docker")
     row = json.loads((bundled_dir / "tasks.jsonl").read_text().splitlines()[0])
     (tmp_path / "net.jsonl").write_text(json.dumps({**row, "network": True}) + "\n")
     proc = _swe("debug", str(tmp_path / "net.jsonl"), "--json", "-o", str(tmp_path / "net"))

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from sandgym.swe.bundled import init_repo
 from sandgym.swe.store import RunStore, safe_name
-from tests.conftest import require_docker
+from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_FILE = '''import time
@@ -86,7 +86,7 @@ def test_rendering_never_reads_data_as_markup(monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.docker
 def test_markup_ids_through_the_cli(tmp_path: Path) -> None:
-    require_docker()
+    require("docker")
     rows = _rows(tmp_path, [("markup__ids-1", 0)])
     out = tmp_path / "run"
     p = _cli(str(rows), "-o", str(out), "--json", "-v")
@@ -106,7 +106,7 @@ def test_markup_ids_through_the_cli(tmp_path: Path) -> None:
 
 @pytest.mark.docker
 def test_killed_run_keeps_finished_instances_and_resumes(tmp_path: Path) -> None:
-    require_docker()
+    require("docker")
     from sandgym.sandboxes import get_provider, prune
 
     # The first instance finishes at once; each later one sleeps 3 x 2 s in its tests, so
@@ -152,7 +152,7 @@ def test_killed_run_keeps_finished_instances_and_resumes(tmp_path: Path) -> None
 async def test_a_crash_marks_only_its_instance(tmp_path: Path) -> None:
     """A log parser that raises (here `json:loads` on pytest output) is a real harness
     crash: that instance is `infra` / `crash` with the traceback on disk; the other resolves."""
-    require_docker()
+    require("docker")
     from sandgym.sandboxes.manager import SandboxManager
     from sandgym.swe.debug import SWEDebugRunner
     from sandgym.swe.tasks import load_tasks

@@ -11,13 +11,13 @@ from sandgym.sandboxes.manager import SandboxManager
 from sandgym.swe.bundled import BROKEN
 from sandgym.swe.debug import InstanceResult, SWEDebugEnv, SWEDebugRunner, summary
 from sandgym.swe.tasks import SWETask
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
 
 async def _run(tasks: list[SWETask], step: str, **kw: object) -> list[InstanceResult]:
-    require_docker()
+    require("docker")
     async with SandboxManager("docker", max_sandboxes=2) as mgr:
         results = await SWEDebugRunner(mgr, step=step, **kw).run(tasks, concurrency=2)  # type: ignore[arg-type]
         assert mgr.live == 0
@@ -96,7 +96,7 @@ async def test_tests_cannot_be_changed_by_the_step(bundled: dict[str, SWETask]) 
 
 
 async def test_debug_env_as_an_environment(bundled: dict[str, SWETask]) -> None:
-    require_docker()
+    require("docker")
     env = SWEDebugEnv([bundled["intervals__touching"], bundled["romanize__subtractive-broken-gold"]], step="gold_patch")
     async with env.sandbox_session("docker", max_sandboxes=2):
         rows = env.rows()

@@ -20,11 +20,12 @@ import pytest
 
 from sandgym.swe.grading import _report_sandgym, _report_swebench, grade_log, output_section, status_map
 from sandgym.swe.tasks import SWETask
+from tests.conftest import require
 
 DATA = Path(__file__).parent / "data" / "grading"
 CASES: list[dict[str, Any]] = json.loads((DATA / "cases.json").read_text())
 
-pytest.importorskip("swebench", reason="the swebench package (sandgym[swe]) is not installed")
+require("swebench")
 
 
 def _task(case: dict[str, Any]) -> SWETask:

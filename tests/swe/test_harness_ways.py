@@ -18,7 +18,7 @@ from sandgym.sandboxes.manager import SandboxManager
 from sandgym.swe.bundled import init_repo
 from sandgym.swe.debug import InstanceResult, SWEDebugRunner
 from sandgym.swe.tasks import SWETask
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = [pytest.mark.docker]
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +92,7 @@ async def _run(rows: list[dict[str, Any]], step: str) -> dict[str, InstanceResul
 
 @pytest.mark.anyio
 async def test_tox_current_env_runs_the_tests_inside_the_venv(tmp_path: Path) -> None:
-    require_docker()
+    require("docker")
     row = _row(tmp_path, "local__tox-1", tox=True, p2p=["tests/test_v.py::test_keep", "tests/test_v.py::test_inside_a_venv"])
     gold = (await _run([row], "gold_patch"))["local__tox-1"]
     assert gold.status == "resolved", (gold.error, gold.logs.get("tests", "")[-3000:])
@@ -107,7 +107,7 @@ async def test_tox_current_env_runs_the_tests_inside_the_venv(tmp_path: Path) ->
 
 @pytest.mark.anyio
 async def test_tests_that_need_the_network_are_told_apart(tmp_path: Path) -> None:
-    require_docker()
+    require("docker")
     net = ["tests/test_v.py::test_reach_out", "tests/test_v.py::test_resolve_a_name"]
     only = _row(tmp_path, "local__net-only", tox=False, p2p=["tests/test_v.py::test_keep", *net])
     both = _row(tmp_path, "local__net-and-real", tox=False, p2p=["tests/test_v.py::test_keep", *net],
@@ -128,7 +128,7 @@ async def test_tests_that_need_the_network_are_told_apart(tmp_path: Path) -> Non
 def test_validate_says_needs_network(tmp_path: Path) -> None:
     """`sandgym swe validate`: an instance whose only problem is the network is `needs_network`,
     naming the tests; the exit status says not every instance is valid."""
-    require_docker()
+    require("docker")
     net = ["tests/test_v.py::test_reach_out"]
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps(_row(tmp_path, "local__net-val", tox=False, p2p=["tests/test_v.py::test_keep", *net])) + "\n")
@@ -147,7 +147,7 @@ def test_validate_says_needs_network(tmp_path: Path) -> None:
 async def test_agentic_fix_whose_only_failures_need_the_network_is_undecided(tmp_path: Path) -> None:
     """swe_agent: the oracle's fix is right, and only the tests that reach out fail; the
     rollout is an infra failure of scoring naming them, not a reward of 0."""
-    require_docker()
+    require("docker")
     from sandgym.core.policies import get_policy
     from sandgym.swe.agentic import SWEAgentEnv
 

@@ -12,13 +12,13 @@ import pytest
 from sandgym.swe.bundled import init_repo
 from sandgym.swe.images import LABEL_COMMIT, LABEL_HASH, BaseImageError, ImageBuildError, RepoError, TaskImageBuilder
 from sandgym.swe.tasks import Recipe, SWETask
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
 
 async def test_image_is_built_once_then_reused(bundled: dict[str, SWETask]) -> None:
-    require_docker()
+    require("docker")
     task = bundled["slugger__collapse-runs"]
     builder = TaskImageBuilder()
     first = await builder.ensure(task)
@@ -39,7 +39,7 @@ async def test_image_is_built_once_then_reused(bundled: dict[str, SWETask]) -> N
 
 
 async def test_failed_build_names_step_and_tail(tmp_path: Path) -> None:
-    require_docker()
+    require("docker")
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a.txt").write_text("hello\n")
     commit = init_repo(tmp_path / "src", tmp_path / "repo")
@@ -56,7 +56,7 @@ async def test_failed_build_names_step_and_tail(tmp_path: Path) -> None:
 
 
 async def test_python_version_mismatch_fails_at_its_step(tmp_path: Path) -> None:
-    require_docker()
+    require("docker")
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a.txt").write_text("x\n")
     commit = init_repo(tmp_path / "src", tmp_path / "repo")
@@ -122,7 +122,7 @@ async def test_full_history_with_tags_and_nothing_later(tmp_path: Path) -> None:
     """setuptools_scm and `git describe` need tags: the image has the history up to
     base_commit with its tags (v1.0, v1.1), not the later commit or its tag (v2.0), no
     remote; the checkout borrows the history's objects, so a sandbox copies a small .git."""
-    require_docker()
+    require("docker")
     repo, base, _ = _history_repo(tmp_path)
     task = SWETask(instance_id="hist__full", repo="local/hist", base_commit=base, repo_path=str(repo),
                    version="1.1", recipe={"pip": []})
@@ -139,7 +139,7 @@ async def test_full_history_with_tags_and_nothing_later(tmp_path: Path) -> None:
 async def test_mirror_missing_old_objects_still_builds(tmp_path: Path) -> None:
     """A mirror whose snapshot left out an old big file: the history comes without old
     file contents (a blob-less fetch plus every file of base_commit); tags still work."""
-    require_docker()
+    require("docker")
     repo, base, blob = _history_repo(tmp_path)
     _git(repo, "gc", "-q")  # pack, then drop the old blob from the pack: an incomplete mirror
     mirror = tmp_path / "mirror.git"
@@ -165,7 +165,7 @@ async def test_mirror_missing_old_objects_still_builds(tmp_path: Path) -> None:
 async def test_python_39_from_debian_bullseye(bundled: dict[str, SWETask]) -> None:
     """A recipe for Python 3.9 builds FROM sandgym/python:3.9 (Debian bullseye; built
     on demand when missing, as `sandgym images build --python 3.9` does)."""
-    require_docker()
+    require("docker")
     task = bundled["slugger__collapse-runs"]
     task = task.model_copy(update={"recipe": task.recipe.model_copy(update={"python": "3.9"})})  # type: ignore[union-attr]
     built = await TaskImageBuilder().ensure(task)

@@ -11,12 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandgym.sandboxes.egress.proxy import squid_binary
 from sandgym.sandboxes.manager import SandboxManager
 from sandgym.sandboxes.providers.docker import DockerProvider
 from sandgym.swe.debug import SWEDebugRunner
 from sandgym.swe.tasks import SWETask
-from tests.conftest import require_docker
+from tests.conftest import require
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 ALIAS = "host.sandgym.internal"
@@ -43,9 +42,7 @@ def host_port() -> Iterator[int]:
 
 
 async def test_network_rows_get_exactly_the_allow_list(bundled: dict[str, SWETask], host_port: int) -> None:
-    require_docker()
-    if squid_binary() is None:
-        pytest.skip("squid is not installed (apt-get install squid): egress cannot be tested")
+    require("docker", "egress")
     plain = bundled["statskit__median-even"]
     net = plain.model_copy(update={"network": True})
     url = f"http://{ALIAS}:{host_port}/"

@@ -16,7 +16,7 @@ import pytest
 
 from sandgym.swe.bundled import init_repo
 from sandgym.swe.patches import cut_short
-from tests.conftest import require_docker
+from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = "# the value module\ndef value():\n    return 1\n# end\n"
@@ -69,7 +69,7 @@ def test_a_torn_hunk_is_found_in_the_patch_text() -> None:
 
 @pytest.mark.docker
 def test_gold_patches_that_do_not_apply_drift_or_are_cut_short(tmp_path: Path) -> None:
-    require_docker()
+    require("docker")
     rows = _rows(tmp_path, {"p__exact-1": EXACT, "p__drifted-2": DRIFTED, "p__wrong-3": WRONG, "p__torn-4": TORN})
     out = tmp_path / "run"
     proc = _swe("debug", str(rows), "-c", "2", "--json", "-o", str(out))
@@ -108,7 +108,7 @@ def test_gold_patches_that_do_not_apply_drift_or_are_cut_short(tmp_path: Path) -
 
 @pytest.mark.docker
 def test_validation_says_why_the_gold_patch_does_not_resolve(tmp_path: Path) -> None:
-    require_docker()
+    require("docker")
     rows = _rows(tmp_path, {"v__wrong-1": WRONG})
     out = tmp_path / "val"
     proc = _swe("validate", str(rows), "--runs", "1", "--json", "-o", str(out))

@@ -27,8 +27,7 @@ from sandgym.swe.bundled import init_repo
 from sandgym.swe.debug import InstanceResult, SWEDebugRunner
 from sandgym.swe.prebuilt import PrebuiltImages, instance_image_key, parse_registry
 from sandgym.swe.tasks import SWETask
-from tests.conftest import docker_ready
-from tests.registry import MISSING, REGISTRY, free_port, local_registry
+from tests.registry import free_port, local_registry
 
 RUN = uuid.uuid4().hex[:8]
 IID = f"SGTest__Calc-{RUN}"  # upper case and `__`: the image name is lowercased, `__` spelled `_1776_`
@@ -161,11 +160,8 @@ def test_bad_registries_and_smith_rows_are_refused_clearly() -> None:
 
 # ---- pulled and run ---------------------------------------------------------------------
 
-def needs_engine(fn: Any) -> Any:
-    """The engine with sandgym's images, and docker-registry (the only reason to skip)."""
-    fn = pytest.mark.docker(fn)
-    fn = pytest.mark.skipif(docker_ready() is not None, reason=str(docker_ready()))(fn)
-    return pytest.mark.skipif(REGISTRY is None, reason=MISSING)(fn)
+# The engine with sandgym's images, and docker-registry.
+needs_engine = pytest.mark.requires("docker", "registry")
 
 
 @pytest.fixture(scope="module")

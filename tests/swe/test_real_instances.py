@@ -29,7 +29,7 @@ from sandgym.sandboxes.providers.docker.images import PYTHON_SUITES
 from sandgym.swe.debug import InstanceResult, SWEDebugRunner
 from sandgym.swe.images import TaskImageBuilder
 from sandgym.swe.tasks import MissingRepository, SWETask, load_tasks
-from tests.conftest import require_docker
+from tests.conftest import lacking, require
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(14400)]
 
@@ -37,17 +37,17 @@ pytestmark = [pytest.mark.anyio, pytest.mark.docker, pytest.mark.slow, pytest.ma
 def _env_path(name: str) -> Path:
     value = os.environ.get(name)
     if not value:
-        pytest.skip(f"${name} is not set: point it at genuine SWE-bench rows / mirrors to run real instances "
-                    f"(README: Genuine SWE-bench rows)")
+        lacking(f"${name} is not set: point it at genuine SWE-bench rows / mirrors to run real instances "
+                "(opt-in: CI has no SWE-bench data; README: Genuine SWE-bench rows)", ci_has_it=False)
     p = Path(value)
     if not p.exists():
-        pytest.skip(f"${name}={value} does not exist")
+        pytest.fail(f"${name}={value} does not exist")
     return p
 
 
 def _runnable(tasks: list[SWETask], mirrors: Path) -> list[SWETask]:
     """The rows this machine can build, at least SANDGYM_SWE_MIN_REPOS repositories of them."""
-    pytest.importorskip("swebench", reason="the swebench package (sandgym[swe]) is not installed")
+    require("swebench")
     builder = TaskImageBuilder(mirrors=mirrors)
     keep, left_out = [], []
     for t in tasks:
@@ -65,13 +65,13 @@ def _runnable(tasks: list[SWETask], mirrors: Path) -> list[SWETask]:
     repos = {t.repo for t in keep}
     need = int(os.environ.get("SANDGYM_SWE_MIN_REPOS", "8"))
     if len(repos) < need:
-        pytest.skip(f"the rows cover {len(repos)} buildable repositories ({', '.join(sorted(repos))}), fewer than {need}; "
-                    f"left out: {'; '.join(left_out) or 'none'}")
+        lacking(f"the rows cover {len(repos)} buildable repositories ({', '.join(sorted(repos))}), fewer than {need}; "
+                f"left out: {'; '.join(left_out) or 'none'}", ci_has_it=False)
     return keep
 
 
 async def _run(tasks: list[SWETask], step: str, mirrors: Path) -> dict[str, InstanceResult]:
-    require_docker()
+    require("docker", "swebench")
     async with SandboxManager("docker", max_sandboxes=2) as mgr:
         runner = SWEDebugRunner(mgr, step=step, builder=TaskImageBuilder(mirrors=mirrors))
         return {r.instance_id: r for r in await runner.run(tasks, concurrency=2)}

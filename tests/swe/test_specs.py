@@ -14,9 +14,11 @@ from sandgym.swe import pins
 from sandgym.swe.bundled import init_repo
 from sandgym.swe.specs import RecipeResolver, conda_to_pip, load_recipes_file, recipe_from_spec
 from sandgym.swe.tasks import MissingRepository, RecipeError, SWETask
+from tests.conftest import require
 
-swebench = pytest.importorskip("swebench", reason="the swebench package (sandgym[swe]) is not installed")
-from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS  # noqa: E402
+require("swebench")
+import swebench
+from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
 
 
 def _task(repo: str, version: str, **kw: object) -> SWETask:
@@ -111,7 +113,6 @@ def test_swaps_replace_conda_builds_pypi_lacks() -> None:
     """scikit-learn 1.3's spec asks conda for numpy 1.19.2 and scipy 1.5.2 on Python 3.9; PyPI
     has no cp39 wheel of either, so the first releases of those lines that have one stand in,
     each noted with why and where from."""
-    pytest.importorskip("swebench")
     from sandgym.swe.specs import recipe_from_spec
 
     t = SWETask(instance_id="scikit-learn__scikit-learn-25747", repo="scikit-learn/scikit-learn", base_commit="2c86" * 10,

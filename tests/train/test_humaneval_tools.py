@@ -8,22 +8,16 @@ on CPU, ~100-200 steps) to answer every prompt with one fixed Hermes-style tool 
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.conftest import require
+
 pytestmark = pytest.mark.docker
 
 TOOL_CALL = '<tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}</tool_call><|im_end|>'
-
-
-def _docker_ok() -> bool:
-    try:
-        return subprocess.run(["docker", "image", "inspect", "sandgym/python:latest"], capture_output=True, timeout=30).returncode == 0
-    except Exception:
-        return False
 
 
 def _teach_tool_call(out: Path) -> Path:
@@ -57,8 +51,7 @@ def _teach_tool_call(out: Path) -> Path:
 
 
 def test_python_env_multiturn_rollouts_train(tmp_path: Path) -> None:
-    if not _docker_ok():
-        pytest.skip("Docker engine or image sandgym/python:latest not available")
+    require("docker")
     from sandgym.train.batch import states_to_sequences
     from sandgym.train.config import TrainConfig
     from sandgym.train.trainer import Trainer, make_backend

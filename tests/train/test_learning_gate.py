@@ -14,6 +14,14 @@ in the same sandbox on the task's data -- accepts, then a closing final answer. 
 
 Gate: success after GRPO exceeds success after SFT by at least 0.3, or reaches 0.9. The
 per-seed numbers are printed (and written to the run folder's gate.json).
+
+Budget: the work is bounded by steps (256 demonstrations, 300 SFT steps, 16 GRPO steps,
+2 x 128 evaluation samples), not by the clock: a loaded machine makes it slower, never
+failed. The only time limit is a safety bound against a hung run (SAFETY_BOUND_S, far
+above the ~3 minutes a seed takes on a quiet 2-core machine). CI runs seed 0;
+SANDGYM_GATE_SEEDS=0,1,2 runs the three seeds of benchmarks/RESULTS.md.
+SANDGYM_GATE_GRPO='{"optim.lr": 0}' (any GRPO config overrides, JSON) shows the gate
+failing when GRPO learns nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +41,9 @@ from sandgym.train.sft import SFTConfig, SFTTrainer
 from sandgym.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
-SEEDS = (0, 1, 2)
+SEEDS = tuple(int(s) for s in os.environ.get("SANDGYM_GATE_SEEDS", "0").split(","))
+GRPO_OVERRIDES: dict[str, Any] = json.loads(os.environ.get("SANDGYM_GATE_GRPO") or "{}")
+SAFETY_BOUND_S = 3600  # a hung run; the work itself is bounded by steps
 # docker (the default; a sandbox is reset and reused between rollouts) or local.
 PROVIDER = os.environ.get("SANDGYM_GATE_PROVIDER", "docker")
 EVAL = {"num_examples": 64, "rollouts_per_example": 2, "temperature": 1.0, "max_tokens": 96, "concurrency": 32}
@@ -46,10 +56,6 @@ pytestmark = [pytest.mark.docker] if PROVIDER == "docker" else []
 def demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demonstrator's records on the training tasks, as `sandgym eval pycalc --policy
     oracle -a split=train -a oracle_accuracy=0.4 -n 256` makes them."""
-    if PROVIDER == "docker":
-        from tests.conftest import require_docker
-
-        require_docker()
     from sandgym import envs
     from sandgym.core.evaluation import run_eval
     from sandgym.core.policies import get_policy
@@ -85,6 +91,7 @@ def _run_seed(seed: int, demos: Path, out: Path) -> dict[str, Any]:
             "optim.seed": seed,
             "output.dir": str(out / "grpo"),
             "output.resume": False,
+            **GRPO_OVERRIDES,
         },
     )
     hist = Trainer(grpo).run()
@@ -109,7 +116,7 @@ def _run_seed(seed: int, demos: Path, out: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(SAFETY_BOUND_S)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_grpo_through_sandboxes_beats_sft(seed: int, demos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     r = _run_seed(seed, demos, tmp_path)

@@ -1,5 +1,6 @@
 """execd: the in-sandbox exec daemon (server.py, stdlib only, runs inside the sandbox), its
-host-side async client (client.py) and the transport adapter over it (transport.py).
+host-side async client (client.py), the transport adapter over it (transport.py) and
+live processes run by it (live.py).
 
 execd stays provider-neutral, here and not under providers/docker/: it is a generic daemon
 that any container runtime can run (one read-only mount for its code, one read-write mount
@@ -26,6 +27,7 @@ from .client import (
     ExecdUnresponsiveError,
     execd_command,
 )
+from .live import ExecdLiveProcess
 from .transport import ExecdTransport
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "SOCKET_NAME",
     "BatchJob",
     "ExecdClient",
+    "ExecdLiveProcess",
     "ExecdRequestError",
     "ExecdTransport",
     "ExecdUnresponsiveError",

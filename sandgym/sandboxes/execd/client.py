@@ -13,7 +13,7 @@ docker provider's wiring):
   cap_drop ALL, no-new-privileges.
 - Command (the container's main process, so the container dies with it; with
   `auto_remove=True` the TTL then removes the container): `execd_command(ttl_s)` =
-  `python3 -I /opt/sandgym-execd/server.py --socket /run/sandgym/execd.sock --ttl <ttl_s>`.
+  `python3 -I -S /opt/sandgym-execd/server.py --socket /run/sandgym/execd.sock --ttl <ttl_s>`.
   Under an init (docker's `init=True`) zombies are reaped and SIGTERM forwarded; without
   one execd, as PID 1, reaps them itself. The container's env and working directory
   become every command's defaults.
@@ -27,7 +27,9 @@ docker provider's wiring):
   transport (providers/docker/transport.Transport); or directly
   `await client.exec(["python3", "-c", "print(1)"], timeout=10)` -> `ExecResult`;
   `batch_exec([BatchJob(argv=..., timeout=...), ...])` runs many in one round trip;
-  `read_file`, `write_file`, `put_archive`, `get_archive`; finally `await client.aclose()`.
+  `read_file`, `write_file`, `put_archive`, `get_archive`; a live process (stdin, output
+  as it comes, signals) is `ExecdLiveProcess(client, argv)` (live.py); finally
+  `await client.aclose()`.
 
 Errors: a connection that cannot be made or breaks mid-request raises `SandboxGoneError`;
 no answer within the request's own timeout plus `grace_s` raises `ExecdUnresponsiveError`
@@ -63,7 +65,7 @@ LIFELINE_NAME = "lifeline"  # the owner's FIFO, next to the socket
 DEFAULT_OUTPUT_LIMIT = 1 << 20
 
 _LEN = struct.Struct(">I")
-_BROKEN = (
+BROKEN = (
     anyio.EndOfStream,
     anyio.IncompleteRead,
     anyio.BrokenResourceError,
@@ -94,6 +96,7 @@ def execd_command(
     cmd = [
         "python3",
         "-I",
+        "-S",  # stdlib only: no site (its .pth walk is a good part of a start under gVisor)
         f"{CONTAINER_EXECD_DIR}/server.py",
         "--socket",
         socket_path or f"{CONTAINER_SOCKET_DIR}/{SOCKET_NAME}",
@@ -131,7 +134,9 @@ class BatchJob:
     output_limit: int = DEFAULT_OUTPUT_LIMIT
 
 
-class _Conn:
+class Connection:
+    """One connection to execd: frames out and in (one request at a time, or one live process)."""
+
     __slots__ = ("stream", "buf")
 
     def __init__(self, stream: SocketStream) -> None:
@@ -194,17 +199,17 @@ class ExecdClient:
         self.socket_path = str(socket_path)
         self.grace_s = grace_s
         self.max_idle = max_idle
-        self._idle: list[_Conn] = []
+        self._idle: list[Connection] = []
         self._closed = False
         self._loop: object = None  # the event loop the pooled connections belong to
 
     # ------------------------------------------------------------------ transport
 
-    async def _connect(self) -> _Conn:
+    async def _connect(self) -> Connection:
         if self._closed:
             raise SandboxGoneError("execd client is closed")
         try:
-            return _Conn(await anyio.connect_unix(self.socket_path))
+            return Connection(await anyio.connect_unix(self.socket_path))
         except OSError as exc:
             raise SandboxGoneError(f"execd at {self.socket_path} is unreachable: {exc}") from exc
 
@@ -239,7 +244,7 @@ class ExecdClient:
             raise ExecdUnresponsiveError(
                 f"execd at {self.socket_path} gave no answer to {header.get('op')!r} in {deadline_s:.1f}s"
             ) from exc
-        except _BROKEN as exc:
+        except BROKEN as exc:
             raise SandboxGoneError(
                 f"execd at {self.socket_path} went away during {header.get('op')!r}: {exc!r}"
             ) from exc
@@ -255,6 +260,11 @@ class ExecdClient:
                 raise SandboxFileNotFound(message)
             raise ExecdRequestError(code, message)
         return reply, rblobs
+
+    async def connect(self) -> Connection:
+        """A connection of its own, outside the pool (a live process holds one for its
+        lifetime; see live.py). Raises SandboxGoneError when execd cannot be reached."""
+        return await self._connect()
 
     # ------------------------------------------------------------------ operations
 
@@ -338,6 +348,17 @@ class ExecdClient:
                 raise ExecdRequestError(str(err.get("code")), f"job {i}: {err.get('message')}")
             results.append(_to_result(fields, rblobs[2 * i], rblobs[2 * i + 1], j.output_limit))
         return results
+
+    async def signal(self, pid: int, signum: int, *, timeout: float = 10.0) -> bool:
+        """Signal the process group of a live process this execd started (live.py); False
+        when it is not one, or has ended."""
+        reply, _ = await self._request({"op": "signal", "pid": int(pid), "signal": int(signum)}, deadline_s=timeout)
+        return bool(reply.get("delivered"))
+
+    async def reset(self, dirs: Sequence[str], workdir: str | None = None, *, timeout: float = 60.0) -> None:
+        """Kill every process but init and execd, empty `dirs`, give `workdir` mode 0755: a
+        reused sandbox made ready for its next user, with no process started for it."""
+        await self._request({"op": "reset", "dirs": list(dirs), "workdir": workdir}, deadline_s=timeout)
 
     async def read_file(self, path: str, *, timeout: float = 60.0) -> bytes:
         _, blobs = await self._request({"op": "read_file", "path": path}, deadline_s=timeout)

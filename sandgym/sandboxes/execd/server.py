@@ -3,7 +3,7 @@
 
 Standard library only, Python >= 3.9, so any image with python3 can run it unchanged:
 
-    python3 -I server.py --socket /run/sandgym/execd.sock [--ttl SECONDS]
+    python3 -I -S server.py --socket /run/sandgym/execd.sock [--ttl SECONDS]
                          [--owner-fifo /run/sandgym/lifeline --owner-grace SECONDS]
 
 Wire format (both directions): a frame is a 4-byte big-endian length, that many bytes of
@@ -11,8 +11,11 @@ UTF-8 JSON (the header), then raw payloads whose lengths the header lists in "bl
 (stdin, stdout, file contents, tar archives) therefore never pass through base64 or JSON.
 A connection carries one request at a time; a client keeps several connections for
 concurrency. Requests carry "op": ping, exec, batch_exec, read_file, write_file,
-put_archive, get_archive. Replies carry "ok" and either the op's fields or "error":
-{"code", "message"}. An exec with "stream": true is preceded by {"event": "output"} frames.
+put_archive, get_archive, live, signal, reset. Replies carry "ok" and either the op's
+fields or "error": {"code", "message"}. An exec with "stream": true is preceded by
+{"event": "output"} frames. "live" starts a live process that owns its connection from then
+on (stdin frames in, output frames out, see run_live); "signal" reaches such a process's
+group by its pid; "reset" readies a reused sandbox for its next user without a process.
 
 Commands run in their own session (process group). Past their timeout, or when the client
 hangs up mid-request, the whole group is SIGKILLed. Output is drained continuously and kept
@@ -40,17 +43,19 @@ import io
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import stat
 import struct
 import subprocess
 import sys
-import tarfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    import tarfile
 
 PROTOCOL = 1
 _LEN = struct.Struct(">I")
@@ -217,20 +222,29 @@ def _prefer_for_oom(pid: int) -> None:
         pass
 
 
+_OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+_NO_OOM_FILE: set = set()  # those of _OOM_FILES found missing: never there (gVisor has none)
+
+
 def _oom_kill_counter() -> Optional[int]:
     """The cgroup's OOM-kill count (v2 memory.events or v1 memory.oom_control). It counts
     kills of any process in the sandbox, so a command SIGKILLed by someone else while a
     concurrent one hit the limit would be reported as OOM too; rare and documented."""
-    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+    for path in _OOM_FILES:
+        if path in _NO_OOM_FILE:
+            continue
         try:
             with open(path, "rb") as f:
                 for line in f:
                     parts = line.split()
                     if len(parts) == 2 and parts[0] == b"oom_kill":
                         return int(parts[1])
+        except FileNotFoundError:
+            _NO_OOM_FILE.add(path)
         except (OSError, ValueError):
             continue
     return None
+
 
 
 class Capped:
@@ -441,6 +455,228 @@ def _supervise(
     return (_result(code, timed_out, oom, out.truncated, err.truncated, t0), out.value(), err.value())
 
 
+# ----------------------------------------------------------------------------- live processes
+
+
+class FrameReader:
+    """Frames parsed from bytes as they arrive in any split (for a socket watched by
+    select(), where a buffered file would hide bytes it has already read)."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def feed(self, data: bytes) -> List[Tuple[Dict[str, Any], List[bytes]]]:
+        self.buf += data
+        frames = []
+        while len(self.buf) >= _LEN.size:
+            (n,) = _LEN.unpack_from(self.buf)
+            if n > MAX_HEADER:
+                raise RequestError("bad_request", "header of %d bytes is over the limit" % n)
+            if len(self.buf) < _LEN.size + n:
+                break
+            header = json.loads(bytes(self.buf[_LEN.size : _LEN.size + n]))
+            sizes = [int(k) for k in (header.get("blobs") or [])]
+            end = _LEN.size + n + sum(sizes)
+            if len(self.buf) < end:
+                break
+            pos, blobs = _LEN.size + n, []
+            for k in sizes:
+                blobs.append(bytes(self.buf[pos : pos + k]))
+                pos += k
+            del self.buf[:end]
+            frames.append((header, blobs))
+        return frames
+
+
+LIVE: set = set()  # process groups of live processes still running: what "signal" may reach
+_STDIN_HIGH = 4 << 20  # stdin buffered for a process that does not read it: stop reading the client
+
+
+def run_live(conn: socket.socket, h: Dict[str, Any]) -> None:
+    """A live process on this connection: {"event": "started", "pid"} once it runs, then
+    {"event": "output", "stream"} frames as output appears, then {"ok": true, "result":
+    {"exit_code"}}. Meanwhile the client may send {"op": "stdin"} frames (one blob each),
+    only after "started". No timeout and no output cap (the client reads as it goes; a
+    client that stops reading stalls the process's output). A client that hangs up leaves
+    the process running, stdin closed and output dropped, until it ends or execd does;
+    "signal" still reaches it by pid."""
+    argv = h.get("argv")
+    if not argv or not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        raise RequestError("bad_request", "argv must be a non-empty list of strings")
+    env = h.get("env")
+    full_env = None
+    if env:
+        full_env = dict(os.environ)
+        full_env.update({str(k): str(v) for k, v in env.items()})
+    with REGISTRY.lock:
+        if REGISTRY.stopping:
+            raise RequestError("stopping", "execd is shutting down")
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=h.get("cwd") or None,
+                env=full_env,
+                start_new_session=True,
+                bufsize=0,
+            )
+        except OSError as exc:
+            raise RequestError("spawn_failed", "cannot run %r: %s" % (argv[0], exc)) from None
+        REGISTRY.pids.add(proc.pid)
+        LIVE.add(proc.pid)
+    _prefer_for_oom(proc.pid)
+    code = None
+    try:
+        send_frame(conn, {"event": "started", "pid": proc.pid})
+        code = _stream_live(conn, proc)
+    except OSError:
+        pass  # the client went away
+    finally:
+        if code is None:
+            _detach(proc)
+    if code is not None:
+        try:
+            send_frame(conn, {"ok": True, "result": {"exit_code": code}})
+        except OSError:
+            pass
+
+
+def _forget_live(proc: subprocess.Popen[bytes]) -> int:
+    rc = proc.wait()
+    with REGISTRY.lock:
+        REGISTRY.pids.discard(proc.pid)
+        LIVE.discard(proc.pid)
+    return 128 - rc if rc < 0 else rc
+
+
+def _detach(proc: subprocess.Popen[bytes]) -> None:
+    """The client is gone: the process runs on, stdin closed, its output read and dropped."""
+    if proc.stdin is not None and not proc.stdin.closed:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None and not pipe.closed:
+            try:
+                DRAINER.adopt(pipe)
+            except RuntimeError:  # no thread to be had: let the pipe go
+                pipe.close()
+    try:
+        threading.Thread(target=_forget_live, args=(proc,), name="live-wait", daemon=True).start()
+    except RuntimeError:
+        pass  # as PID 1 the orphan reaper collects it
+
+
+def _stream_live(conn: socket.socket, proc: subprocess.Popen[bytes]) -> Optional[int]:
+    """Relay until the process exits (its exit code) or the client hangs up (None)."""
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
+    sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
+    sel.register(conn, selectors.EVENT_READ, "conn")
+    reading_conn = True
+    os.set_blocking(proc.stdin.fileno(), False)
+    pending = bytearray()  # stdin not yet taken by the process
+    writing = False
+    open_pipes = 2
+    pidfd = -1
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+        sel.register(pidfd, selectors.EVENT_READ, "exit")
+    except (AttributeError, OSError):
+        pidfd = -1
+    frames = FrameReader()
+    exited_at: Optional[float] = None
+    try:
+        while True:
+            now = time.monotonic()
+            if exited_at is None and pidfd < 0 and proc.poll() is not None:
+                exited_at = now
+            if exited_at is not None and (open_pipes == 0 or now >= exited_at + LINGER_S):
+                break
+            wait: Optional[float] = None
+            if exited_at is not None:
+                wait = exited_at + LINGER_S - now
+            if pidfd < 0:
+                poll = 0.005 if open_pipes == 0 else 0.05
+                wait = poll if wait is None else min(wait, poll)
+            for key, _ in sel.select(wait if wait is None else max(wait, 0.0)):
+                tag = key.data
+                if tag == "stdout" or tag == "stderr":
+                    chunk = os.read(key.fd, CHUNK)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        key.fileobj.close()  # type: ignore[union-attr]
+                        open_pipes -= 1
+                    else:
+                        send_frame(conn, {"event": "output", "stream": tag}, [chunk])
+                elif tag == "conn":
+                    data = conn.recv(CHUNK)
+                    if not data:
+                        return None
+                    for header, blobs in frames.feed(data):
+                        if header.get("op") == "stdin" and blobs and not proc.stdin.closed:
+                            pending += blobs[0]
+                elif tag == "stdin":
+                    try:
+                        del pending[: os.write(key.fd, pending[:CHUNK])]
+                    except BlockingIOError:
+                        pass
+                    except OSError:  # the process closed its stdin: what it did not read is lost
+                        pending.clear()
+                        sel.unregister(key.fileobj)
+                        writing = False
+                        proc.stdin.close()
+                elif tag == "exit":
+                    sel.unregister(key.fileobj)
+                    exited_at = time.monotonic()
+            if not proc.stdin.closed:
+                if pending and not writing:
+                    sel.register(proc.stdin, selectors.EVENT_WRITE, "stdin")
+                    writing = True
+                elif not pending and writing:
+                    sel.unregister(proc.stdin)
+                    writing = False
+            # A process that does not read its stdin: stop taking more from the client.
+            if reading_conn and len(pending) > _STDIN_HIGH:
+                sel.unregister(conn)
+                reading_conn = False
+            elif not reading_conn and len(pending) <= _STDIN_HIGH // 4:
+                sel.register(conn, selectors.EVENT_READ, "conn")
+                reading_conn = True
+    finally:
+        sel.close()
+        if pidfd >= 0:
+            os.close(pidfd)
+    for pipe in (proc.stdout, proc.stderr):
+        if not pipe.closed:  # still held by a background child
+            try:
+                DRAINER.adopt(pipe)
+            except RuntimeError:
+                pipe.close()
+    if not proc.stdin.closed:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+    return _forget_live(proc)
+
+
+def signal_live(pid: int, signum: int) -> bool:
+    """Signal a live process's group; False when it is not (or no longer) one of ours."""
+    with REGISTRY.lock:
+        if pid not in LIVE:
+            return False
+    try:
+        os.killpg(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 # ----------------------------------------------------------------------------- files
 
 
@@ -490,6 +726,7 @@ def _safe_members(tar: tarfile.TarFile, dest: str) -> Iterator[tarfile.TarInfo]:
     """tarfile's "data" filter for Pythons that lack it (Debian bookworm's 3.11.2): no
     absolute or escaping names or links, no device files, no set-id bits, no ownership.
     A generator, so each member is checked against the tree as extracted so far."""
+    import tarfile
     root = os.path.realpath(dest)
     for m in tar:
         name = m.name.lstrip("/" + os.sep)
@@ -518,6 +755,8 @@ def _safe_members(tar: tarfile.TarFile, dest: str) -> Iterator[tarfile.TarInfo]:
 
 
 def put_archive(dest: str, data: bytes) -> None:
+    import tarfile  # here, not at start: execd's start is every sandbox's (slow under gVisor)
+
     try:
         os.makedirs(dest, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
@@ -532,6 +771,8 @@ def put_archive(dest: str, data: bytes) -> None:
 
 
 def get_archive(path: str) -> bytes:
+    import tarfile
+
     if not os.path.lexists(path):
         raise RequestError("not_found", "%s: No such file or directory" % path)
     buf = io.BytesIO()
@@ -541,6 +782,78 @@ def get_archive(path: str) -> bytes:
     except OSError as exc:
         raise _os_error(exc, path) from None
     return buf.getvalue()
+
+
+# ----------------------------------------------------------------------------- reset
+
+
+def _kill_all_but(keep: set) -> None:
+    """SIGKILL every process but `keep`, a few passes in case some fork meanwhile."""
+    for _ in range(8):
+        killed = 0
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) in keep:
+                continue
+            try:
+                with open("/proc/%s/stat" % name, "rb") as f:
+                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                        continue
+                os.kill(int(name), signal.SIGKILL)
+                killed += 1
+            except (OSError, IndexError):
+                continue
+        if not killed:
+            return
+
+
+def _empty(d: str) -> None:
+    """Remove everything in `d` (kept itself), whatever modes the sandbox's code left."""
+    try:
+        entries = os.listdir(d)
+    except FileNotFoundError:
+        return
+    except PermissionError:
+        os.chmod(d, stat.S_IMODE(os.stat(d).st_mode) | 0o700)
+        entries = os.listdir(d)
+    if not entries:
+        return
+    for root, dirs, _ in os.walk(d):  # top-down: each directory opened up before it is entered
+        for x in dirs:
+            p = os.path.join(root, x)
+            try:
+                st = os.lstat(p)
+                if stat.S_ISDIR(st.st_mode):
+                    os.chmod(p, stat.S_IMODE(st.st_mode) | 0o700)
+            except OSError:
+                pass
+    for x in entries:
+        p = os.path.join(d, x)
+        try:
+            if os.path.isdir(p) and not os.path.islink(p):
+                shutil.rmtree(p)
+            else:
+                os.unlink(p)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise RequestError("reset_failed", "cannot empty %s: %s" % (d, exc)) from None
+    left = os.listdir(d)
+    if left:
+        raise RequestError("reset_failed", "cannot empty %s: %s" % (d, os.path.join(d, left[0])))
+
+
+def reset(dirs: List[str], workdir: Optional[str]) -> None:
+    """What a reused sandbox needs between users, without starting a process: every process
+    but init and execd killed, `dirs` emptied, the workdir (when it is ours) mode 0755."""
+    _kill_all_but({1, os.getpid()})
+    for d in dirs:
+        _empty(d)
+    if workdir:
+        try:
+            if os.stat(workdir).st_uid == os.getuid():
+                os.chmod(workdir, 0o755)
+        except OSError:
+            pass
 
 
 # ----------------------------------------------------------------------------- requests
@@ -620,6 +933,8 @@ def handle_batch(conn: socket.socket, h: Dict[str, Any], blobs: List[bytes]) -> 
 
     try:
         if parsed:
+            from concurrent.futures import ThreadPoolExecutor
+
             pool = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(parsed))))
             for i in range(len(parsed)):
                 pool.submit(work, i)
@@ -674,6 +989,16 @@ def handle(conn: socket.socket, h: Dict[str, Any], blobs: List[bytes], started: 
         send_frame(conn, {"ok": True, "result": res}, [so, se])
     elif op == "batch_exec":
         handle_batch(conn, h, blobs)
+    elif op == "live":
+        run_live(conn, h)
+    elif op == "reset":
+        dirs = h.get("dirs")
+        if not isinstance(dirs, list) or not all(isinstance(d, str) and d.startswith("/") for d in dirs):
+            raise RequestError("bad_request", "dirs must be a list of absolute paths")
+        reset(dirs, h.get("workdir"))
+        send_frame(conn, {"ok": True})
+    elif op == "signal":
+        send_frame(conn, {"ok": True, "delivered": signal_live(int(h.get("pid") or 0), int(h.get("signal") or 0))})
     elif op == "read_file":
         send_frame(conn, {"ok": True}, [read_file(_path(h))])
     elif op == "write_file":
@@ -714,6 +1039,8 @@ def serve_connection(conn: socket.socket, started: float, ttl: Optional[float]) 
                 return
             except Exception as exc:  # report, keep serving
                 send_frame(conn, {"ok": False, "error": {"code": "internal", "message": repr(exc)}})
+            if header.get("op") == "live":
+                return  # a live process's connection carries nothing after it
     except OSError:
         return
     finally:

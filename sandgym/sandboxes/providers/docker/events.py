@@ -4,14 +4,16 @@ Containers are auto-removed when they end, so `inspect` afterwards finds nothing
 gVisor an OOM kills the whole sandbox at once. The engine's events are the one record that
 survives: `oom` and `die` (exitCode 137), in either order, is OOM_KILLED. A `die` after the sandbox's ttl_s is
 TIMEOUT; a `die` we caused (remove) is not an error; a kill by anyone else (exit 137 with no
-oom) is REMOVED; any other `die` is EXITED with its exit code. One daemon thread per
-provider follows the stream from the first create on; verdicts are kept for the last
+oom: docker kill/rm, or execd, the main process, killed from the host or from inside) is REMOVED; any other `die` is EXITED with its exit code. One daemon thread per
+provider follows the stream from the first create on, and subscribes again when it ends
+(the engine restarted) until the provider closes; verdicts are kept for the last
 MAX_VERDICTS containers.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -28,9 +30,14 @@ log = logging.getLogger(__name__)
 
 MAX_VERDICTS = 10_000
 KILLED = 137
+RESUBSCRIBE_S = (0.2, 5.0)  # first and largest wait between attempts to subscribe again
 # A kill with no oom event yet may still be an OOM whose event comes a moment later.
 OOM_GRACE_S = 1.0
 _OOM_MSG = "the sandbox ran out of memory (memory_mb) and was killed"
+_ENGINE_RESTART_MSG = (
+    "removed by the Docker engine as it restarted: Docker before 24.0.8 removes --rm containers, sandgym's, "
+    "when it restarts, even with live-restore (moby/moby#46308)"
+)
 
 
 @dataclass(frozen=True)
@@ -55,34 +62,62 @@ class ExitWatcher:
         self._stream: CancellableStream[dict[str, Any]] | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._last_seen = 0.0  # time of the last event received
+        self._gaps: list[list[float]] = []  # [ended, subscribed again] of the stream (engine restarts)
 
     def start(self) -> None:
         """Subscribe (blocking until the engine answered), once."""
         with self._lock:
             if self._thread is not None or self._closed:
                 return
-            client = self._make_client()
-            self._stream = client.events(
-                decode=True,
-                filters={"type": "container", "label": [LABEL_OWNER], "event": ["oom", "die"]},
-            )
+            self._subscribe()
             self._thread = threading.Thread(target=self._follow, name="sandgym-docker-events", daemon=True)
             self._thread.start()
 
+    def _subscribe(self) -> None:
+        # Again after a gap: from the last event seen, so what the engine still holds of the
+        # gap is replayed (a restarted engine holds nothing of before its restart).
+        since = {"since": int(self._last_seen)} if self._last_seen else {}
+        client = self._make_client()
+        self._stream = client.events(
+            decode=True,
+            filters={"type": "container", "label": [LABEL_OWNER], "event": ["oom", "die"]},
+            **since,
+        )
+
     def _follow(self) -> None:
-        stream = self._stream
-        try:
-            for ev in stream or ():  # start() sets it before it starts this thread
-                try:
-                    self._on(ev)
-                except Exception as exc:  # one odd event must not end the watch
-                    log.debug("event %r: %r", ev, exc)
-        except Exception as exc:
+        wait = RESUBSCRIBE_S[0]
+        while True:
+            stream = self._stream
+            try:
+                for ev in stream or ():
+                    wait = RESUBSCRIBE_S[0]
+                    self._last_seen = float(ev.get("time") or time.time())
+                    try:
+                        self._on(ev)
+                    except Exception as exc:  # one odd event must not end the watch
+                        log.debug("event %r: %r", ev, exc)
+                why: object = "it ended"
+            except Exception as exc:
+                why = exc
+            # The engine went away (a restart): subscribe again. A container that ends
+            # before that has no verdict; inspect reports it LOST.
             if not self._closed:
-                log.warning("docker event stream ended: %r; exit reasons will be LOST", exc)
-        finally:
-            with self._lock:
-                self._thread = None if not self._closed else self._thread
+                self._gaps.append([time.time(), math.inf])
+            while not self._closed:
+                log.warning("docker event stream: %r; subscribing again in %.1fs", why, wait)
+                time.sleep(wait)
+                wait = min(RESUBSCRIBE_S[1], wait * 2)
+                try:
+                    with self._lock:
+                        if not self._closed:
+                            self._subscribe()
+                            self._gaps[-1][1] = time.time()
+                    break
+                except Exception as exc:
+                    why = exc
+            if self._closed:
+                return
 
     def _on(self, ev: dict) -> None:
         cid = ev.get("id") or (ev.get("Actor") or {}).get("ID")
@@ -98,7 +133,7 @@ class ExitWatcher:
                     self._verdicts[cid] = Verdict("OOM_KILLED", _OOM_MSG, v.exit_code, v.at)
                     self._cond.notify_all()
                 return
-            if action != "die":
+            if action != "die" or cid in self._verdicts:  # a container dies once (a replay repeats it)
                 return
             attrs = (ev.get("Actor") or {}).get("Attributes") or {}
             code_s = str(attrs.get("exitCode", ""))
@@ -110,8 +145,13 @@ class ExitWatcher:
                 verdict = Verdict(None, "removed", code, time.time())
             elif deadline is not None and time.time() >= deadline - 1.0:
                 verdict = Verdict("TIMEOUT", "its ttl_s ran out", code, time.time())
+            elif code == KILLED and self._in_gap(ev):
+                verdict = Verdict("REMOVED", _ENGINE_RESTART_MSG, code, time.time())
             elif code == KILLED:
-                verdict = Verdict("REMOVED", "killed from outside (docker kill/rm, prune)", code, time.time())
+                verdict = Verdict(
+                    "REMOVED", "its main process was SIGKILLed, not by sandgym (docker kill/rm, prune, or a kill of "
+                    "execd from the host or from inside the sandbox)", code, time.time(),
+                )
             else:
                 verdict = Verdict("EXITED", f"its main process exited with code {code}", code, time.time())
             self._oom.discard(cid)
@@ -127,6 +167,15 @@ class ExitWatcher:
         if ttl_s is not None:
             with self._lock:
                 self._deadlines[cid] = time.time() + ttl_s
+
+    def _in_gap(self, ev: dict[str, Any]) -> bool:
+        """Whether the event happened while the stream was down: the engine restarting."""
+        t = int(ev.get("timeNano") or 0) / 1e9 or float(ev.get("time") or 0)
+        return any(start <= t <= end for start, end in self._gaps)
+
+    def engine_went_away_since(self, t: float) -> bool:
+        """Whether the event stream ended (the engine stopped or restarted) after wall time `t`."""
+        return any(start >= t for start, _ in self._gaps)
 
     def removing(self, cid: str) -> None:
         with self._lock:

@@ -17,7 +17,8 @@ execd's uid and must not be able to replace the socket with one of its own.
   cannot start a thread for it) is retried briefly and then reported as a failed command
   (exit 126), not as a vanished sandbox;
 - `batch_exec` (many commands, one round trip) and `reset` (kill every process but init and
-  execd, empty the workdir, /tmp and /dev/shm) for pooled reuse.
+  execd, empty the workdir, /tmp and /dev/shm; execd's own op, a shell script for an older
+  execd) for pooled reuse.
 """
 
 from __future__ import annotations
@@ -263,7 +264,16 @@ class DockerExecdTransport(ExecdTransport):
         return results
 
     async def reset(self, workdir: str) -> ExecResult:
-        """Kill every process but init and execd; empty `workdir`, /tmp and /dev/shm."""
+        """Kill every process but init and execd; empty `workdir`, /tmp and /dev/shm. execd
+        does it itself (no process started); an execd from before its `reset` op (a sandbox
+        adopted across an upgrade) runs the same steps as a shell script."""
+        started = time.monotonic()
+        try:
+            await self.client.reset([workdir, "/tmp", "/dev/shm"], workdir)
+            return ExecResult(exit_code=0, duration_s=time.monotonic() - started)
+        except ExecdRequestError as exc:
+            if exc.code != "bad_request" or "unknown op" not in str(exc):
+                return ExecResult(exit_code=1, stderr_bytes=str(exc).encode(), duration_s=time.monotonic() - started)
         if self.execd_pid is None:
             await self.wait_ready(10)
         return await self.client.exec(

@@ -10,21 +10,35 @@ host's pip trusts (an egress proxy's CA included).
 
 Other Python versions come from other Debian releases (`python_recipes`): the same two
 steps from that release give `sandgym/python:<X.Y>` (SWE task images pick it by version).
+
+`scripts/bootstrap.sh` builds the core images (base, python: what every default sandbox
+runs); an environment's own image (`first_use`: sandgym/bfcl, sandgym/math) and the other
+Python versions are built when a sandbox first needs them (`build_missing`, which the docker
+provider calls for a missing image it knows; it logs each build step) or ahead of time by
+`sandgym images build`. Builds take a lock per engine, so processes that need the same
+image at once build it once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
+import logging
 import os
 import shutil
 import ssl
 import subprocess
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import docker
 import docker.errors
+
+logger = logging.getLogger(__name__)
 
 IMAGES_DIR = Path(__file__).resolve().parents[4] / "images"  # the repository's images/
 BASE_TAG = "sandgym/base:latest"
@@ -40,15 +54,16 @@ class ImageRecipe:
     suite: str = "bookworm"  # the Debian release a debootstrap base comes from
     base_tag: str = BASE_TAG  # what a Dockerfile image builds FROM
     host_ca: bool = False  # the build context gets the host's CA bundle as ca.pem
+    first_use: bool = False  # an environment's image: built when first needed, not by bootstrap
 
 
 RECIPES: tuple[ImageRecipe, ...] = (
     ImageRecipe("base", BASE_TAG, "Debian bookworm minbase + python3 (debootstrap, docker import)"),
     ImageRecipe("python", "sandgym/python:latest", "python3, pip, venv, bash, git; user sandbox", "python", "base"),
     ImageRecipe("bfcl", "sandgym/bfcl:latest", "sandgym/python + bfcl-eval (BFCL v4 data, checkers, multi-turn backends)",
-                "bfcl", "python", host_ca=True),
+                "bfcl", "python", host_ca=True, first_use=True),
     ImageRecipe("math", "sandgym/math:latest", "sandgym/python + sympy, numpy, math-verify (math with a Python tool)",
-                "math", "python", host_ca=True),
+                "math", "python", host_ca=True, first_use=True),
 )
 PYTHON_TAG = "sandgym/python:latest"
 
@@ -74,6 +89,30 @@ def python_recipes(version: str) -> list[ImageRecipe]:
 
 
 Log = Callable[[str], None]
+
+
+def core_names() -> list[str]:
+    """The images every default sandbox needs (what bootstrap builds)."""
+    return [r.name for r in RECIPES if not r.first_use]
+
+
+def _full_tag(image: str) -> str:
+    name = image.rsplit("/", 1)[-1]
+    return image if ":" in name or "@" in name else f"{image}:latest"
+
+
+def known_build(image: str) -> tuple[list[str], str | None] | None:
+    """How `build` makes `image` here: (names, python version), or None when it is not one
+    of sandgym's own images."""
+    tag = _full_tag(image)
+    for r in RECIPES:
+        if r.tag == tag:
+            return [r.name], None
+    for version in PYTHON_SUITES:
+        for r in python_recipes(version):
+            if r.tag == tag:
+                return [r.name], version
+    return None
 
 
 def recipes(names: list[str] | None = None) -> list[ImageRecipe]:
@@ -153,13 +192,65 @@ def _build_dockerfile(client: docker.DockerClient, recipe: ImageRecipe, base: st
                 log(text)
 
 
+@contextlib.contextmanager
+def _engine_lock(client: docker.DockerClient) -> Iterator[None]:
+    """One build at a time per engine, across processes (a file lock in the temp dir)."""
+    engine = str(client.api.info().get("ID") or client.api.base_url)  # base_url is the same for every unix socket
+    path = Path(tempfile.gettempdir()) / f"sandgym-images-{hashlib.sha256(engine.encode()).hexdigest()[:12]}.lock"
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def build_missing(image: str, client: docker.DockerClient | None = None) -> bool:
+    """Build `image` (and what it builds FROM) when it is one of sandgym's own images and
+    missing: a sandbox's first use of it. Says so and logs each build step (WARNING, so a
+    CLI at its default level shows it). False when sandgym has no recipe for `image`."""
+    how = known_build(image)
+    if how is None:
+        return False
+    names, python = how
+    client = client or docker.from_env()
+    if image_exists(client, _full_tag(image)):
+        return True
+    ahead = f"sandgym images build {' '.join(names)}" + (f" --python {python}" if python else "")
+    logger.warning("image %s is not built yet: building it now, on first use (this can take minutes; "
+                "`%s` builds it ahead of time)", image, ahead)
+    started = time.monotonic()
+    last = [started]
+
+    def line(text: str) -> None:
+        # Docker's "Step N/M" lines, and at least one line every 15 s of a long step.
+        now = time.monotonic()
+        if text.startswith("Step ") or now - last[0] >= 15.0:
+            last[0] = now
+            logger.warning("building %s (%.0f s): %s", image, now - started, text[:160])
+        else:
+            logger.debug("building %s: %s", image, text)
+
+    built = build(names, python=python, log=line, client=client,
+                  step=lambda r: logger.warning("building %s: %s", r.tag, r.description))
+    logger.warning("image %s ready after %.0f s (built: %s)", image, time.monotonic() - started,
+                ", ".join(built) or "by another process meanwhile")
+    return True
+
+
 def build(names: list[str] | None = None, *, base: str | None = None, force: bool = False,
           log: Log = lambda _: None, step: Callable[[ImageRecipe], None] = lambda _: None,
-          python: str | None = None) -> list[str]:
+          python: str | None = None, client: docker.DockerClient | None = None) -> list[str]:
     """Build the named images (default all) that are missing, or rebuild them with `force`.
     With `base`, the Dockerfiles build FROM that public image and no debootstrap runs.
     With `python`, the images are that Python version's (`python_recipes`). Returns the tags built."""
-    client = docker.from_env()
+    client = client or docker.from_env()
+    with _engine_lock(client):
+        return _build_locked(client, names, base, force, log, step, python)
+
+
+def _build_locked(client: docker.DockerClient, names: list[str] | None, base: str | None, force: bool,
+                  log: Log, step: Callable[[ImageRecipe], None], python: str | None) -> list[str]:
     built: list[str] = []
     if python is not None:
         pool = python_recipes(python)

@@ -1,5 +1,6 @@
 """`DockerLiveProcess`: a live process on the docker provider through the Docker exec API
-(`DockerSandbox.start_live`).
+(`DockerSandbox.start_live` for sandboxes without execd, i.e. images without python3;
+sandboxes with execd get `ExecdLiveProcess`, which needs no engine exec at all).
 
 One `docker exec` with stdin attached; its hijacked socket carries stdin one way and the
 multiplexed stdout/stderr frames (demux.py) the other. A daemon thread reads the socket and

@@ -18,7 +18,8 @@ limit, a CPU quota, and is auto-removed when its main process ends.
 
 Egress (SandboxSpec.egress) goes through execd's relay, the host forwarder and one squid
 per provider (sandgym/sandboxes/egress/): HTTP(S)_PROXY inside, the policy decided outside.
-Images are pulled as image_pull says (pull.py), after the operator's aliases. Why a
+Images are pulled as image_pull says (pull.py), after the operator's aliases; sandgym's own
+images are built instead when missing (images.py, `build_images`). Why a
 container died comes from the engine's events (events.py).
 
 Commands and files go through a `Transport` (transport.py). When the image has python3,
@@ -53,6 +54,7 @@ from typing import Any, TypeVar
 import anyio
 import docker
 import docker.errors
+import requests
 from anyio import to_thread
 from docker.types import DeviceRequest, Ulimit
 
@@ -61,6 +63,8 @@ from ...egress.forwarder import EgressForwarder
 from ...egress.proxy import EgressProxy, squid_binary
 from ...errors import SandboxCreateError, SandboxError, SandboxGoneError, SpecError
 from ...execd import CONTAINER_SOCKET_DIR, EGRESS_PORT, EGRESS_SOCKET_NAME, LIFELINE_NAME, BatchJob, execd_command
+from ...execd.client import ExecdRequestError
+from ...execd.live import ExecdLiveProcess
 from ...live import LiveProcess
 from ...ownership import Lifeline, lifeline_grace_s, stamp_owner
 from ...result import EgressLogEntry, ExecResult, SandboxInfo
@@ -69,6 +73,7 @@ from .disk import RESERVE_MB, LoopDisks
 from .events import ExitWatcher
 from .exec import KILLED_EXIT, DockerExecTransport
 from .execd import DockerExecdTransport, SocketDirs, execd_volumes
+from .images import build_missing
 from .live import DockerLiveProcess
 from .pull import Puller, PullProgress
 from .runtime import (
@@ -284,12 +289,26 @@ class DockerSandbox(Sandbox):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> LiveProcess:
-        """A live process streamed through the Docker exec API (live.py), whichever
-        transport runs this sandbox's plain commands."""
+        """A live process on the sandbox's transport: execd runs it on a connection of its
+        own (execd/live.py: as fast as an exec); without execd the Docker exec API streams it
+        (live.py: three engine execs per process, each ~100 ms under gVisor)."""
         self._live()
-        proc = DockerLiveProcess(self._owner.api, self.id, live_argv(argv))
-        await proc.start(env, self.resolve(cwd) if cwd else None)
-        return proc
+        where = self.resolve(cwd) if cwd else None
+        try:
+            if isinstance(self.transport, DockerExecdTransport):
+                try:
+                    proc: LiveProcess = ExecdLiveProcess(self.transport.client, live_argv(argv))
+                    await proc.start(env, where)
+                    return proc
+                except ExecdRequestError as exc:
+                    if exc.code != "bad_request" or "unknown op" not in str(exc):
+                        raise
+                    # an execd from before live processes (a sandbox adopted across an upgrade)
+            proc = DockerLiveProcess(self._owner.api, self.id, live_argv(argv))
+            await proc.start(env, where)
+            return proc
+        except SandboxGoneError as exc:
+            raise await self._gone(exc) from None
 
     async def reset(self) -> bool:
         """execd sandboxes only: kill every process but init and execd, empty the
@@ -401,6 +420,7 @@ class DockerProvider:
         state_root: str | os.PathLike[str] | None = None,
         disk: str = "auto",
         runtime: str = "auto",
+        build_images: bool = True,
     ) -> None:
         """`execd=False` always uses `docker exec` (main process `sleep`); `socket_root` is
         where per-container execd socket directories go (default /run/sandgym-sockets as
@@ -424,6 +444,9 @@ class DockerProvider:
         the sandgym runtimes, else tmpfs), "loop" (required) or "tmpfs" (strict only).
         `runtime`: "auto" (strict: runc, vm: gVisor), "runsc" (gVisor for both profiles) or
         "runc" (no gVisor; vm then needs `allow_vm_without_gvisor`).
+        `build_images`: sandgym's own images (sandgym/base, sandgym/python[:X.Y], sandgym/bfcl,
+        sandgym/math) are built here when a sandbox first needs them (image_pull='missing'),
+        with each build step logged; False: they are pulled like any other image.
         """
         if disk not in ("auto", "loop", "tmpfs"):
             raise ValueError(f"disk={disk!r}; allowed: auto, loop, tmpfs")
@@ -458,7 +481,8 @@ class DockerProvider:
         self._info: dict[str, Any] | None = None
         self._rt: RuntimeStatus | None = None
         self._limiter: anyio.CapacityLimiter | None = None
-        self.puller = Puller(lambda: self.api, pull_progress)
+        self.puller = Puller(lambda: self.api, pull_progress,
+                             build=(lambda image: build_missing(image, self.client)) if build_images else None)
         self._watcher = ExitWatcher(self._events_client)
         self._egress_lock = threading.Lock()
         self._proxy: EgressProxy | None = None
@@ -516,7 +540,14 @@ class DockerProvider:
 
     def check(self, spec: SandboxSpec) -> None:
         """Refuse, naming the field and the allowed range, what this engine cannot honour.
-        A missing image is fine unless image_pull='never' (it is pulled at create)."""
+        A missing image is fine unless image_pull='never' (it is pulled at create). An
+        engine that does not answer (restarting, down) is SandboxCreateError."""
+        try:
+            self._check(spec)
+        except requests.exceptions.RequestException as exc:
+            raise SandboxCreateError(f"the Docker engine does not answer: {exc}") from exc
+
+    def _check(self, spec: SandboxSpec) -> None:
         image = self.resolve_image(spec.image)
         found = self.puller.present(image) if spec.image_pull != "never" else self.puller.ensure(image, "never", spec.image)
         if found is not None:
@@ -941,10 +972,17 @@ class DockerProvider:
         fallback sandbox whether the image has python3: if not, remember that for the image
         so later sandboxes go straight to docker exec; otherwise it was this sandbox's
         trouble (e.g. too little memory for execd)."""
-        probe = await transport.exec(
-            ["sh", "-c", "command -v python3"], timeout=10, limit=4096, env=None, cwd="/", stdin=None
-        )
-        if probe.exit_code != 0:
+        try:
+            probe = await transport.exec(
+                ["sh", "-c", "command -v python3 || echo no-python3"], timeout=10, limit=4096, env=None, cwd="/",
+                stdin=None,
+            )
+        except Exception as exc:  # the engine in trouble (a restart): it says nothing of the image
+            log.warning("execd for image %s ended at start, and the image could not be probed: %r", spec.image, exc)
+            return
+        # Only the probe's own answer marks the image: a failed `docker exec` (an engine
+        # restart, this sandbox gone) is no evidence, and the mark lasts as long as the provider.
+        if probe.exit_code == 0 and probe.stdout.strip() == "no-python3":
             image = self.resolve_image(spec.image)
             self._execd_images[self._image_ids.get(image, image)] = False
             log.info("image %s has no python3; its sandboxes use docker exec", spec.image)
@@ -1023,8 +1061,11 @@ class DockerProvider:
                                status=str(st.get("Status", "exited")), error_type=etype,
                                error_message=f"exited with code {st.get('ExitCode')}",
                                exit_code=st.get("ExitCode"))
-        return SandboxInfo(id=cid, provider=self.name, status="gone", error_type="LOST",
-                           error_message="gone, and the engine's events did not say why")
+        why = "gone, and the engine's events did not say why"
+        if box is not None and self._watcher.engine_went_away_since(box.created_at):
+            why = ("gone after the Docker engine went away and came back (a restart): Docker before 24.0.8 "
+                   "removes --rm containers, sandgym's, when it restarts, even with live-restore (moby/moby#46308)")
+        return SandboxInfo(id=cid, provider=self.name, status="gone", error_type="LOST", error_message=why)
 
     async def adopt(self, container_id: str, spec: SandboxSpec) -> DockerSandbox:
         """A running container made earlier from `spec` (by this or another process, e.g.

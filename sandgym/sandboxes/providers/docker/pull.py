@@ -1,5 +1,9 @@
 """Images from registries: pull policy missing|never|always, credentials, progress.
 
+With policy missing, an image the provider can build itself (`build`: sandgym's own images,
+images.build_missing) is built instead of pulled; nothing else changes (`never` still
+refuses a missing image, `always` still pulls).
+
 Credentials come from the Docker client configuration, read again before every pull so a
 `docker login` made after the provider started counts: `$DOCKER_CONFIG/config.json`, else
 `~/.docker/config.json` (`auths`, `credsStore`, `credHelpers`), as the docker CLI reads them.
@@ -60,9 +64,16 @@ class _Totals:
 class Puller:
     """Pulls for one provider; one pull per image at a time."""
 
-    def __init__(self, api: Callable[[], docker.APIClient], progress: ProgressFn | None = None) -> None:
+    def __init__(
+        self,
+        api: Callable[[], docker.APIClient],
+        progress: ProgressFn | None = None,
+        build: Callable[[str], bool] | None = None,
+    ) -> None:
+        """`build(image)`: make a missing image locally; False when it cannot (then pull)."""
         self._api = api
         self.progress = progress
+        self.build = build
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
@@ -95,11 +106,26 @@ class Puller:
                 found = self.present(image)
                 if found is not None:
                     return found
+                if self.build is not None and self._built(image, shown):
+                    found = self.present(image)
+                    if found is None:
+                        raise ImagePullError(f"image: {shown!r} was built but is not present afterwards")
+                    return found
             self.pull(image, shown)
             found = self.present(image)
             if found is None:  # the engine said it pulled, yet it is not there
                 raise ImagePullError(f"image: {shown!r} was pulled but is not present afterwards")
             return found
+
+    def _built(self, image: str, shown: str) -> bool:
+        assert self.build is not None
+        try:
+            return self.build(image)
+        except Exception as exc:
+            raise ImagePullError(
+                f"image: {shown!r} is not present locally and building it failed: {exc}. "
+                "Run `sandgym images build` to see the whole build"
+            ) from exc
 
     def pull(self, image: str, shown: str | None = None) -> None:
         shown = shown or image

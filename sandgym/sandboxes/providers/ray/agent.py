@@ -39,12 +39,12 @@ from ...manager import ManagedSandbox, SandboxManager
 from ...ownership import owner_alive
 from ...result import ExecResult, SandboxInfo
 from ...spec import SandboxSpec
+from .cluster import default_node_cap
 
 log = logging.getLogger(__name__)
 
 LABEL_NODE = "sandgym.node"
 LABEL_AGENT = "sandgym.agent"
-DEFAULT_NODE_CAP = 8
 
 
 @dataclass
@@ -75,7 +75,7 @@ class NodeAgent:
         ctx = ray.get_runtime_context()
         self.name = name
         self.ray_node_id = ctx.get_node_id()
-        self.cap = max_sandboxes or self._advertised_cap(ray) or DEFAULT_NODE_CAP
+        self.cap = max_sandboxes or self._advertised_cap(ray) or default_node_cap()
         self.provider_name = provider
         self.provider_options = dict(provider_options or {})
         self.lease_check_s = lease_check_s
@@ -174,6 +174,7 @@ class NodeAgent:
             "live": mgr.live,
             "idle": mgr.idle,
             "waiting_creates": self.waiting_creates,
+            "warm_pools": self.warm_pools(),
             "sessions": len(self._sessions),
             "provider": mgr.provider.name,
             "pruned": list(self.pruned),
@@ -340,6 +341,11 @@ class NodeAgent:
         return False
 
     # ---- warm pools ------------------------------------------------------------------
+
+    def warm_pools(self) -> dict[str, int]:
+        """Spec key -> the warm pool this node keeps for it (what its sessions asked for)."""
+        specs = {key: spec for s in self._sessions.values() for key, (spec, _) in s.warm.items()}
+        return {key: self._pool_wanted(spec) for key, spec in specs.items()}
 
     def _pool_wanted(self, spec: SandboxSpec) -> int:
         """The warm pool a spec gets: the most any open session asked for."""

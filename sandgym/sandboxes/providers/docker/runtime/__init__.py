@@ -11,7 +11,9 @@ into gVisor sandboxes with a glibc `/etc/ld.so.preload`.
 
 `install` never restarts dockerd: it merges the `runtimes` key into daemon.json (keeping
 every other key) and sends dockerd SIGHUP, which reloads runtimes; a dockerd started later
-reads the file itself.
+reads the file itself. It also turns on `live-restore` unless daemon.json says otherwise:
+containers keep running while dockerd restarts, and a sandbox's commands and files go
+through execd's socket, not dockerd, so a restart of the engine loses no sandbox.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ RUNTIMES: dict[str, dict[str, str]] = {
     GVISOR: {"path": str(WRAPPER_PATH)},
     RUNC_SANDGYM: {"path": str(RUNC_LINK)},
 }
+
+# Engine settings, added to daemon.json when it does not set them (an operator's value wins).
+ENGINE_SETTINGS: dict[str, Any] = {"live-restore": True}
 
 _VERSION = re.compile(rb"^# sandgym-runtime-wrapper (\d+)$", re.M)
 
@@ -151,8 +156,9 @@ def _build_shim(log: Log) -> None:
 
 
 def merge_daemon_json(path: Path = DAEMON_JSON) -> bool:
-    """Add our runtimes to daemon.json, keeping every other key. True when it changed.
-    Refuses (ValueError) to touch a file that is not valid JSON."""
+    """Add our runtimes and ENGINE_SETTINGS to daemon.json, keeping every other key (and an
+    operator's own value of a setting). True when it changed. Refuses (ValueError) to touch a
+    file that is not valid JSON."""
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -164,9 +170,11 @@ def merge_daemon_json(path: Path = DAEMON_JSON) -> bool:
     if not isinstance(conf, dict):
         raise ValueError(f"{path} must hold a JSON object")
     runtimes = conf.setdefault("runtimes", {})
-    if all(runtimes.get(k) == v for k, v in RUNTIMES.items()):
+    if all(runtimes.get(k) == v for k, v in RUNTIMES.items()) and all(k in conf for k in ENGINE_SETTINGS):
         return False
     runtimes.update(RUNTIMES)
+    for k, v in ENGINE_SETTINGS.items():
+        conf.setdefault(k, v)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".sandgym-tmp")
     tmp.write_text(json.dumps(conf, indent=2) + "\n")
@@ -187,13 +195,22 @@ def _dockerd_pids() -> list[int]:
     return pids
 
 
-def _engine_runtimes() -> set[str] | None:
+def _engine_info() -> dict[str, Any] | None:
     try:
         import docker
 
-        return set(docker.from_env(timeout=10).info().get("Runtimes") or {})
+        return dict(docker.from_env(timeout=10).info())
     except Exception:
         return None
+
+
+def _engine_current(info: dict[str, Any], path: Path = DAEMON_JSON) -> bool:
+    """Whether the running engine has our runtimes and daemon.json's live-restore."""
+    try:
+        wanted = bool(json.loads(path.read_text()).get("live-restore", False))
+    except (OSError, ValueError):
+        wanted = False
+    return set(RUNTIMES) <= set(info.get("Runtimes") or {}) and bool(info.get("LiveRestoreEnabled")) == wanted
 
 
 def install(log: Log = print) -> None:
@@ -213,26 +230,28 @@ def install(log: Log = print) -> None:
     DISK_ROOT.mkdir(parents=True, exist_ok=True, mode=0o711)
     changed = merge_daemon_json()
     if changed:
-        log(f"registered runtimes {', '.join(RUNTIMES)} in {DAEMON_JSON}")
-    have = _engine_runtimes()
-    if have is None:
+        log(f"registered runtimes {', '.join(RUNTIMES)} and {ENGINE_SETTINGS} in {DAEMON_JSON}")
+    info = _engine_info()
+    if info is None:
         log("dockerd is not answering; it reads the runtimes from daemon.json when it starts")
         return
-    if set(RUNTIMES) <= have:
+    if _engine_current(info):
         return
     pids = _dockerd_pids()
     if not pids:
         log("the engine is not a local dockerd; register the runtimes on its host")
         return
-    for pid in pids:  # SIGHUP reloads daemon.json's runtimes; never a restart
+    for pid in pids:  # SIGHUP reloads daemon.json's runtimes and live-restore; never a restart
         os.kill(pid, signal.SIGHUP)
     for _ in range(50):
-        have = _engine_runtimes() or set()
-        if set(RUNTIMES) <= have:
-            log(f"dockerd reloaded: runtimes {', '.join(sorted(have))}")
+        info = _engine_info() or {}
+        if _engine_current(info):
+            log(f"dockerd reloaded: runtimes {', '.join(sorted(info.get('Runtimes') or {}))}, "
+                f"live-restore {info.get('LiveRestoreEnabled')}")
             return
         time.sleep(0.2)
-    raise RuntimeError(f"dockerd did not pick up the runtimes after SIGHUP; check its log ({sorted(have)})")
+    raise RuntimeError(f"dockerd did not pick up daemon.json after SIGHUP; check its log ({info.get('Runtimes')}, "
+                       f"live-restore {info.get('LiveRestoreEnabled')})")
 
 
 def main(argv: list[str] | None = None) -> int:
