@@ -31,20 +31,51 @@ IMAGE_SOURCE_HELP = ("build: task images built here, offline (default). prebuilt
                      "run as root on a writable root (the vm profile, gVisor); a failed pull is an infra failure of "
                      "that instance. auto: prebuilt where the pull works, else built here (the result says why).")
 MIRRORS_HELP = "Directory of local git mirrors (owner__name, owner+name/repo, ...; default $SANDGYM_SWE_MIRRORS)."
+NETWORK_ALLOW_HELP = ("Comma-separated egress allow-list (hosts, *.wildcards, host:port, CIDRs) for rows with `network: true` "
+                      "(or every row, with --network-rows all); such rows are refused without it. Others never get network.")
+NETWORK_ROWS_HELP = ("Which rows --network-allow applies to: `marked` (rows with `network: true`, the default) or `all` "
+                     "(every row, as SWE-bench runs them: for rows whose tests need the network).")
+INSTANCES_HELP = "Only these instance ids, comma-separated (or repeat -i)."
 
 
-def _load(tasks: str, instance: list[str] | None, split: str) -> list[Any]:
+def _load(tasks: str, instance: list[str] | None, split: str, instances: str | None = None) -> list[Any]:
     from sandgym.errors import UserError
     from sandgym.swe.bundled import resolve_tasks
     from sandgym.swe.tasks import load_tasks
 
+    wanted = list(instance or []) + [i.strip() for i in (instances or "").split(",") if i.strip()]
     try:
-        task_list = load_tasks(resolve_tasks(tasks, split=split), instance_ids=instance)
-    except (OSError, ValueError, KeyError) as exc:
-        raise UserError(f"cannot load tasks: {exc}") from exc
+        task_list = load_tasks(resolve_tasks(tasks, split=split), instance_ids=wanted or None)
+    except KeyError as exc:  # KeyError's str() quotes its message
+        raise UserError(f"cannot load tasks from {tasks}: {exc.args[0] if exc.args else exc}") from exc
+    except (OSError, ValueError) as exc:
+        hint = ""
+        if tasks not in ("bundled", "bundled-good") and not Path(tasks).exists():
+            hint = ("; a name that is not a local file or directory is loaded through `datasets` from the Hugging Face hub "
+                    "(or its cache, with HF_HUB_OFFLINE=1); offline, give a JSONL file or a dataset directory")
+        raise UserError(f"cannot load tasks from {tasks}: {exc}{hint}") from exc
     if not task_list:
-        raise UserError(f"no tasks in {tasks}" + (f" with instance ids {', '.join(instance)}" if instance else ""))
+        raise UserError(f"no tasks in {tasks}" + (f" with instance ids {', '.join(wanted)}" if wanted else ""))
     return task_list
+
+
+def _check_mirrors(task_list: list[Any], mirrors: Path | None, image_source: str) -> None:
+    """Before anything runs: every repository a build needs has a local mirror, else one
+    message naming $SANDGYM_SWE_MIRRORS, where it looked and how to get them (prebuilt images
+    need none; rows with a recipe and repo_path are checked the same way)."""
+    from sandgym.errors import UserError
+    from sandgym.swe.tasks import MissingRepository, missing_repository_message
+
+    if image_source != "build":
+        return
+    missing = []
+    for t in task_list:
+        try:
+            t.find_repo(mirrors)
+        except MissingRepository:
+            missing.append(t)
+    if missing:
+        raise UserError(missing_repository_message(missing, mirrors))
 
 
 def _ratio(d: dict[str, str]) -> Text:
@@ -118,7 +149,7 @@ def _render_validation(vals: list[Any]) -> None:
                       Text(f"{v.gold_resolved}/{v.runs}", style="green" if v.gold_resolved == v.runs else "red"),
                       Text(f"{v.empty_resolved}/{v.runs}", style="green" if v.empty_resolved == 0 else "red"),
                       Text(flaky, style="red" if v.flaky_listed else ""), sec(v.cold_s), sec(v.gold_warm_s), sec(v.empty_warm_s),
-                      Text(v.verdict, style="green" if v.verdict == "valid" else "red"))
+                      Text(v.verdict, style={"valid": "green", "needs_network": "yellow", "not_run": "yellow"}.get(v.verdict, "red")))
     console.print(table)
 
 
@@ -175,7 +206,9 @@ def register(app: typer.Typer) -> None:
         registry: Annotated[Optional[str], typer.Option("--registry", help="With --image-source prebuilt/auto: pull from this registry or mirror instead of Docker Hub: HOST, HOST:PORT or HOST:PORT/prefix (e.g. 127.0.0.1:5000, mirror.example.com/dockerhub).")] = None,
         image_namespace: Annotated[str, typer.Option("--image-namespace", help="swebench's --namespace for prebuilt images (`none`: the unnamespaced images swebench's harness builds locally).")] = "swebench",
         split: Annotated[str, typer.Option(help="Dataset split (Hugging Face datasets).")] = "test",
-        network_allow: Annotated[Optional[str], typer.Option("--network-allow", help="Comma-separated egress allow-list (hosts, *.wildcards, host:port, CIDRs) for rows with `network: true`; such rows are refused without it. Others never get network.")] = None,
+        network_allow: Annotated[Optional[str], typer.Option("--network-allow", help=NETWORK_ALLOW_HELP)] = None,
+        network_rows: Annotated[str, typer.Option("--network-rows", help=NETWORK_ROWS_HELP)] = "marked",
+        instances: Annotated[Optional[str], typer.Option("--instances", help=INSTANCES_HELP)] = None,
         verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Per-test tables for resolved instances too.")] = False,
         fail_on_unresolved: Annotated[bool, typer.Option(help="Exit 1 when any instance is not resolved.")] = False,
     ) -> None:
@@ -195,8 +228,9 @@ def register(app: typer.Typer) -> None:
             raise UnknownNameError(f"unknown image source {image_source!r}; choose {', '.join(IMAGE_SOURCES)}")
         prebuilt = _prebuilt(registry, image_namespace)
         check_provider(provider)
-        allow = _network_allow(network_allow)
-        task_list = _load(tasks, instance, split)
+        allow, every_row = _network_allow(network_allow), _network_rows(network_rows, network_allow)
+        task_list = _load(tasks, instance, split, instances)
+        _check_mirrors(task_list, mirrors, image_source)
         run_dir = _run_dir("debug", output, resume, step)
         store = RunStore(run_dir)
         store.start({"kind": DEBUG, "step": step, "tasks": tasks, "instances": len(task_list),
@@ -211,7 +245,7 @@ def register(app: typer.Typer) -> None:
         t0 = time.perf_counter()
         try:
             anyio.run(_run_debug, todo, len(task_list), len(done), step, concurrency, provider, command, script_text,
-                      mirrors, recipes, image_source, store, allow, prebuilt)
+                      mirrors, recipes, image_source, store, allow, prebuilt, every_row)
         finally:
             store.close()
         rows = [store.load(t.instance_id) or {"instance_id": t.instance_id, "status": "infra", "error": "no result on disk"}
@@ -227,7 +261,7 @@ def register(app: typer.Typer) -> None:
                 why = "; ".join(x for x in ((b["error"] or "").splitlines()[:1] + [", ".join(b["failing_tests"])] + b["fuzzy"]) if x)
                 console.print(Text(f"  {b['instance_id']} ({b['status']}): {why[:600]}"), soft_wrap=True)
         for f in summ["infra_failures"]:
-            console.print(Text(f"  infra {f['instance_id']} [{f['reason']}]: {(f['error'] or '').splitlines()[0][:200]}", style="magenta"), soft_wrap=True)
+            console.print(Text(f"  infra {f['instance_id']} [{f['reason']}]: {(f['error'] or '').splitlines()[0][:400]}", style="magenta"), soft_wrap=True)
         for f in summ["fuzzy_applies"]:
             for note in f["notes"]:
                 console.print(Text(f"  fuzzy {f['instance_id']}: {note[:400]}", style="yellow"), soft_wrap=True)
@@ -237,8 +271,9 @@ def register(app: typer.Typer) -> None:
                                    f"{r['image_fallback'].splitlines()[0][:300]}", style="yellow"), soft_wrap=True)
         prebuilt_note = (f", prebuilt {summ['images_prebuilt']} (fallbacks {summ['prebuilt_fallbacks']})"
                          if image_source != "build" else "")
+        network_note = f" ({summ['network']} need the network)" if summ["network"] else ""
         console.print(Text(f"{summ['resolved']}/{summ['total']} resolved, {summ['unresolved']} unresolved, "
-                           f"{summ['errors']} errors, {summ['infra']} infra; images built {summ['images_built']}, "
+                           f"{summ['errors']} errors, {summ['infra']} infra{network_note}; images built {summ['images_built']}, "
                            f"reused {summ['images_reused']}{prebuilt_note}; {summ['wall_s']:.1f}s; results in {run_dir}"), soft_wrap=True)
         if as_json:
             sys.stdout.write(json.dumps(summ, indent=2) + "\n")
@@ -258,24 +293,39 @@ def register(app: typer.Typer) -> None:
         provider: Annotated[str, typer.Option(help="Sandbox provider.")] = "docker",
         split: Annotated[str, typer.Option(help="Dataset split.")] = "test",
         as_json: Annotated[bool, typer.Option("--json", help="Print the JSON summary on stdout.")] = False,
+        image_source: Annotated[str, typer.Option("--image-source", help=IMAGE_SOURCE_HELP)] = "build",
+        registry: Annotated[Optional[str], typer.Option("--registry", help="With --image-source prebuilt/auto: pull from this registry or mirror (HOST[:PORT][/prefix]).")] = None,
+        image_namespace: Annotated[str, typer.Option("--image-namespace", help="swebench's --namespace for prebuilt images (`none`: unnamespaced).")] = "swebench",
+        network_allow: Annotated[Optional[str], typer.Option("--network-allow", help=NETWORK_ALLOW_HELP)] = None,
+        network_rows: Annotated[str, typer.Option("--network-rows", help=NETWORK_ROWS_HELP)] = "marked",
+        instances: Annotated[Optional[str], typer.Option("--instances", help=INSTANCES_HELP)] = None,
     ) -> None:
         """Gold patch and empty patch on every instance, N runs each: gold must resolve every
         run, empty none; FAIL_TO_PASS must fail and PASS_TO_PASS pass without the fix; tests
-        that change outcome between runs are flagged flaky. Seconds per instance, a table."""
+        that change outcome between runs are flagged flaky; tests that fail only for want of
+        a network make the verdict `needs_network`. Seconds per instance, a table."""
         import anyio
         from rich.text import Text
 
+        from sandgym.errors import UnknownNameError
+        from sandgym.swe.debug import IMAGE_SOURCES
         from sandgym.swe.store import VALIDATE, RunStore
         from sandgym.swe.validate import validation_summary
 
-        task_list = _load(tasks, instance, split)
+        if image_source not in IMAGE_SOURCES:
+            raise UnknownNameError(f"unknown image source {image_source!r}; choose {', '.join(IMAGE_SOURCES)}")
+        prebuilt = _prebuilt(registry, image_namespace)
+        allow, every_row = _network_allow(network_allow), _network_rows(network_rows, network_allow)
+        task_list = _load(tasks, instance, split, instances)
+        _check_mirrors(task_list, mirrors, image_source)
         run_dir = _run_dir("validate", output, resume, "gold+none")
         store = RunStore(run_dir)
-        store.start({"kind": VALIDATE, "step": "gold+none", "runs": runs, "tasks": tasks, "argv": sys.argv[1:]},
-                    resume=resume is not None)
+        store.start({"kind": VALIDATE, "step": "gold+none", "runs": runs, "tasks": tasks, "image_source": image_source,
+                     "registry": registry, "argv": sys.argv[1:]}, resume=resume is not None)
+        runner_kw = {"image_source": image_source, "prebuilt": prebuilt, "network_allow": allow, "network_every_row": every_row}
         t0 = time.perf_counter()
         try:
-            vals = anyio.run(_run_validate, task_list, runs, concurrency, provider, mirrors, recipes, store)
+            vals = anyio.run(_run_validate, task_list, runs, concurrency, provider, mirrors, recipes, store, runner_kw)
         finally:
             store.close()
         summ = validation_summary(vals, runs, time.perf_counter() - t0)
@@ -284,8 +334,11 @@ def register(app: typer.Typer) -> None:
         _render_validation(vals)
         for v in vals:
             if v.verdict != "valid":
-                console.print(Text(f"  {v.instance_id}: {'; '.join(v.problems)}", style="red"), soft_wrap=True)
-        console.print(Text(f"{summ['valid']}/{summ['total']} valid; {summ['wall_s']:.1f}s; results in {run_dir}"), soft_wrap=True)
+                style = "yellow" if v.verdict in ("needs_network", "not_run") else "red"
+                console.print(Text(f"  {v.instance_id} ({v.verdict}): {'; '.join(v.problems)}", style=style), soft_wrap=True)
+        net = f", {len(summ['needs_network'])} need the network" if summ["needs_network"] else ""
+        net += f", {len(summ['not_run'])} could not be run here" if summ["not_run"] else ""
+        console.print(Text(f"{summ['valid']}/{summ['total']} valid{net}; {summ['wall_s']:.1f}s; results in {run_dir}"), soft_wrap=True)
         if as_json:
             sys.stdout.write(json.dumps(summ, indent=2) + "\n")
         if summ["valid"] < summ["total"]:
@@ -349,7 +402,8 @@ def _builder(mirrors: Path | None, recipes: Path | None) -> Any:
 
 async def _run_debug(todo: list[Any], total: int, done: int, step: str, concurrency: int, provider: str,
                      command: str | None, script: str | None, mirrors: Path | None, recipes: Path | None,
-                     image_source: str, store: Any, network_allow: tuple[str, ...] = (), prebuilt: Any = None) -> None:
+                     image_source: str, store: Any, network_allow: tuple[str, ...] = (), prebuilt: Any = None,
+                     network_every_row: bool = False) -> None:
     from sandgym.sandboxes.manager import SandboxManager
     from sandgym.swe.debug import SWEDebugRunner
 
@@ -360,19 +414,19 @@ async def _run_debug(todo: list[Any], total: int, done: int, step: str, concurre
         async with SandboxManager(provider, max_sandboxes=concurrency) as mgr:
             runner = SWEDebugRunner(mgr, step=step, builder=_builder(mirrors, recipes), command=command, script=script,
                                     progress=progress, image_source=image_source, store=store,
-                                    network_allow=network_allow, prebuilt=prebuilt)
+                                    network_allow=network_allow, network_every_row=network_every_row, prebuilt=prebuilt)
             await runner.run(todo, concurrency)
 
 
 async def _run_validate(task_list: list[Any], runs: int, concurrency: int, provider: str, mirrors: Path | None,
-                        recipes: Path | None, store: Any) -> list[Any]:
+                        recipes: Path | None, store: Any, runner_kw: dict[str, Any] | None = None) -> list[Any]:
     from sandgym.sandboxes.manager import SandboxManager
     from sandgym.swe.validate import Validator
 
     bar, progress = _progress(len(task_list) * runs * 2, 0, f"swe validate ({runs} run(s) of gold and empty)")
     with bar:
         async with SandboxManager(provider, max_sandboxes=concurrency) as mgr:
-            v = Validator(mgr, builder=_builder(mirrors, recipes), store=store, runs=runs, progress=progress)
+            v = Validator(mgr, builder=_builder(mirrors, recipes), store=store, runs=runs, progress=progress, **(runner_kw or {}))
             return await v.run(task_list, concurrency)
 
 
@@ -385,6 +439,17 @@ def _prebuilt(registry: str | None, namespace: str) -> Any:
         return PrebuiltImages(registry=registry, namespace=None if namespace.lower() == "none" else namespace)
     except ValueError as exc:
         raise UserError(f"--registry/--image-namespace: {exc}") from None
+
+
+def _network_rows(value: str, allow: str | None) -> bool:
+    """--network-rows as whether every row gets the allow-list."""
+    from sandgym.errors import UnknownNameError, UserError
+
+    if value not in ("marked", "all"):
+        raise UnknownNameError(f"unknown --network-rows {value!r}; choose marked or all")
+    if value == "all" and not allow:
+        raise UserError("--network-rows all gives rows the --network-allow list; give that list too")
+    return value == "all"
 
 
 def _network_allow(text: str | None) -> tuple[str, ...]:

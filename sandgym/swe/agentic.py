@@ -7,6 +7,10 @@ the task's own image and /testbed as the workdir. The `oracle` policy applies th
 through the editor (one `str_replace` per hunk, or a whole-file `create` where a hunk's
 text is not unique), so the environment is validated with no model; `null` does nothing
 and scores 0.
+
+Images: built here (`image_source="build"`, the default) or SWE-bench's prebuilt instance
+images (`"prebuilt"`, named and pulled as sandgym.swe.prebuilt says); only the image layout
+differs (sandbox profile and user, PATH, the conda activation before the tests).
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ from sandgym.core.state import Message, State
 from sandgym.core.tools import tool_call
 from sandgym.sandboxes.errors import SandboxFileNotFound
 
-from .debug import network_policy, task_spec
+from .debug import network_error, network_policy, task_spec
 from .evaluate import evaluate, prepare
-from .images import TaskImageBuilder
+from .images import BUILT_LAYOUT, ImageLayout, TaskImageBuilder
+from .network import network_failures
 from .patches import PatchError, apply_hunks, parse_patch
+from .prebuilt import PREBUILT_LAYOUT, PrebuiltImages
 from .tasks import TESTBED, SWETask, load_tasks
 
 SYSTEM_PROMPT = f"""You are a software engineer fixing an issue in a Python repository.
@@ -51,12 +57,19 @@ class SWEAgentEnv(SandboxEnv):
         memory_mb: int = 2048,
         disk_mb: int = 1024,
         network_allow: Sequence[str] | None = None,
+        image_source: Literal["build", "prebuilt"] = "build",
+        prebuilt: PrebuiltImages | None = None,
         **kwargs: Any,
     ) -> None:
         task_list = list(tasks) if isinstance(tasks, (list, tuple)) else load_tasks(tasks)
+        if image_source not in ("build", "prebuilt"):
+            raise ValueError(f"image_source must be build or prebuilt, not {image_source!r}")
         self.builder = builder or TaskImageBuilder()
-        # Rows without a recipe get theirs (swebench specs, a recipes file) once, here.
-        task_list = self.builder.resolve_all(task_list)
+        self.image_source = image_source
+        self.prebuilt = prebuilt or PrebuiltImages()
+        # Rows without a recipe get theirs (swebench specs, a recipes file) once, here; for
+        # prebuilt images only the test side (the image holds the env).
+        task_list = [self.builder.resolve(t, prebuilt=image_source == "prebuilt") for t in task_list]
         self.tasks = {t.instance_id: t for t in task_list}
         self.memory_mb, self.disk_mb = memory_mb, disk_mb
         # Hosts a `network: true` task's sandbox may reach (its tests and the agent's commands).
@@ -80,19 +93,27 @@ class SWEAgentEnv(SandboxEnv):
     # ---- sandbox ---------------------------------------------------------------------
 
     async def setup_state(self, state: State) -> None:
-        # Not SandboxEnv's: each task has its own image (built or reused here).
+        # Not SandboxEnv's: each task has its own image (built or reused here, or prebuilt).
         task = self.task_for(state)
         egress = network_policy(task, self.network_allow)
-        built = await self.builder.ensure(task)
-        spec = task_spec(task, built.tag, memory_mb=self.memory_mb, disk_mb=self.disk_mb, egress=egress)
+        layout: ImageLayout
+        if self.image_source == "prebuilt":
+            image, layout = self.prebuilt.image(task), PREBUILT_LAYOUT
+        else:
+            built = await self.builder.ensure(task)
+            image, layout = built.tag, BUILT_LAYOUT
+            state.info["image_reused"] = built.reused
+        spec = task_spec(task, image, memory_mb=self.memory_mb, disk_mb=self.disk_mb, egress=egress, layout=layout)
         sb = await self.require_sandboxes().acquire(spec)
         state.scratch["sandbox"] = sb
+        state.scratch["swe_layout"] = layout
+        state.scratch["swe_egress"] = egress is not None
         state.sandbox_id = sb.id
-        state.info["image"] = built.tag
-        state.info["image_reused"] = built.reused
+        state.info["image"] = image
+        state.info["image_source"] = layout.source
         logs: dict[str, str] = {}
         state.scratch["swe_logs"] = logs
-        state.scratch["swe_base"] = await prepare(sb, task, logs)
+        state.scratch["swe_base"] = await prepare(sb, task, logs, layout)
 
     # ---- tools -----------------------------------------------------------------------
 
@@ -186,7 +207,8 @@ class SWEAgentEnv(SandboxEnv):
             return 0.0
         task = self.task_for(state)
         logs = state.scratch.setdefault("swe_logs", {})
-        ev = await evaluate(sandbox, task, logs, base=state.scratch.get("swe_base"))
+        ev = await evaluate(sandbox, task, logs, base=state.scratch.get("swe_base"),
+                            layout=state.scratch.get("swe_layout", BUILT_LAYOUT))
         rep = ev.report
         state.scratch["swe_eval"] = ev
         state.info["swe"] = {
@@ -200,6 +222,12 @@ class SWEAgentEnv(SandboxEnv):
             raise ScoringTimeout(f"the tests of {task.instance_id} did not decide: {ev.error}")
         if ev.infra is not None or rep is None:
             raise RuntimeError(f"the tests of {task.instance_id} did not decide: {ev.error}")
+        if not rep.resolved:
+            # Tests that failed only for want of a network say nothing of the policy's fix.
+            net = network_failures(logs.get("tests", ""), rep.failing)
+            state.info["swe"]["network_tests"] = net
+            if net and set(rep.failing) <= set(net):
+                raise RuntimeError(f"the tests of {task.instance_id} did not decide: {network_error(net, sandbox_had_network(state))}")
         return 1.0 if rep.resolved else 0.0
 
     def fail_to_pass_rate(self, state: State) -> float:
@@ -266,6 +294,10 @@ async def _read(sandbox: Any, p: str, *, strict: bool = False) -> str:
         return data.decode("utf-8", errors="strict" if strict else "replace")
     except UnicodeDecodeError:
         raise ValueError(f"{p} is not UTF-8 text; edit it with bash") from None
+
+
+def sandbox_had_network(state: State) -> bool:
+    return bool(state.scratch.get("swe_egress"))
 
 
 def _rate(d: dict[str, str]) -> float:

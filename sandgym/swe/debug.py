@@ -29,7 +29,9 @@ An instance ends in one status: `resolved`, `unresolved` (the tests ran and were
 apply, nothing parseable in the log) or `infra` (the environment failed: image build,
 image pull, repository, sandbox, setup, test timeout, output cap, a crash of the harness), with
 `infra_reason`; infra failures are reported apart from unresolved ones, as SWE-bench's
-newer harness does. A crash in one instance marks that instance, never the run, and with
+newer harness does. Tests that failed only because the sandbox has no network
+(sandgym.swe.network says how that is known) make an instance `infra` with reason `network`
+when they are all that failed, and are named in `network_tests` either way. A crash in one instance marks that instance, never the run, and with
 a store each instance is written to disk the moment it finishes.
 
 `SWEDebugRunner` is what `sandgym swe debug` drives; `SWEDebugEnv` wraps it as a sandgym
@@ -67,9 +69,10 @@ from .images import (
     RepoError,
     TaskImageBuilder,
 )
+from .network import network_failures
 from .prebuilt import PREBUILT_LAYOUT, PrebuiltImages
 from .store import RunStore
-from .tasks import TESTBED, RecipeError, SWETask, load_tasks
+from .tasks import TESTBED, MissingRepository, RecipeError, SWETask, load_tasks
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +82,12 @@ NETWORK_ERROR = ("the task asks for network access at test time (network: true);
                  "--network-allow HOST[,HOST...] (e.g. pypi.org,files.pythonhosted.org); without it the task is refused")
 
 
-def network_policy(task: SWETask, allow: Sequence[str] | None) -> EgressPolicy | None:
+def network_policy(task: SWETask, allow: Sequence[str] | None, *, every_row: bool = False) -> EgressPolicy | None:
     """The egress a task's sandbox gets: none unless the row asks for network (off by
-    default), then exactly the operator's allow-list; a row asking with no list is refused."""
+    default) or the operator gives it to every row (`every_row`, with an allow-list), then
+    exactly the operator's allow-list; a row asking with no list is refused."""
+    if every_row and allow:
+        return EgressPolicy(allow=tuple(allow))
     if not task.network:
         return None
     if not allow:
@@ -107,7 +113,8 @@ class InstanceResult(BaseModel):
     resolved: bool = False
     resolution: str | None = None  # swebench's RESOLVED_FULL / PARTIAL / NO
     error: str | None = None
-    infra_reason: str | None = None  # image_build, image_pull, repository, base_image, sandbox, setup, timeout, output_cap, crash
+    infra_reason: str | None = None  # image_build, image_pull, repository, base_image, sandbox, setup, timeout, output_cap, network, crash
+    network_tests: dict[str, str] = Field(default_factory=dict)  # failing listed test -> the log line showing its network error
     failing_tests: list[str] = Field(default_factory=list)
     fail_to_pass: dict[str, str] = Field(default_factory=dict)
     pass_to_pass: dict[str, str] = Field(default_factory=dict)
@@ -192,6 +199,7 @@ class SWEDebugRunner:
         store: RunStore | None = None,
         key: Callable[[SWETask], str] | None = None,
         network_allow: Sequence[str] | None = None,
+        network_every_row: bool = False,
         prebuilt: PrebuiltImages | None = None,
     ) -> None:
         if network_allow:
@@ -209,6 +217,7 @@ class SWEDebugRunner:
         self.store = store
         self.key = key or (lambda t: t.instance_id)
         self.network_allow = tuple(network_allow or ())
+        self.network_every_row = network_every_row
         self.prebuilt = prebuilt or PrebuiltImages()
 
     async def run(self, tasks: Sequence[SWETask], concurrency: int = 2) -> list[InstanceResult]:
@@ -248,7 +257,7 @@ class SWEDebugRunner:
         return res
 
     async def _run(self, task: SWETask, res: InstanceResult) -> None:
-        egress = network_policy(task, self.network_allow)
+        egress = network_policy(task, self.network_allow, every_row=self.network_every_row)
         if self.image_source != "build":
             try:
                 await self._run_prebuilt(task, res, egress)
@@ -283,7 +292,10 @@ class SWEDebugRunner:
 
     def _resolve(self, task: SWETask, res: InstanceResult, *, prebuilt: bool) -> SWETask:
         """The task with its recipe (a RecipeError when it has none), recorded in `res`."""
-        task = self.builder.resolve(task, prebuilt=prebuilt)
+        try:
+            task = self.builder.resolve(task, prebuilt=prebuilt)
+        except MissingRepository as exc:
+            raise _Infra("repository", str(exc)) from exc
         recipe = task.require_recipe()
         res.python, res.recipe_source, res.recipe_notes = recipe.python, recipe.source, list(recipe.notes)
         return task
@@ -339,10 +351,15 @@ class SWEDebugRunner:
         if ev.report is not None:
             self._take_report(res, ev.report)
         res.error = step_error or ev.error
+        if ev.report is not None and ev.report.outcomes and not res.resolved:
+            res.network_tests = network_failures(res.logs.get("tests", ""), ev.report.failing)
         if ev.infra:
             res.status, res.infra_reason = "infra", ev.infra
         elif ev.report is None or not ev.report.outcomes:
             res.status = "error"
+        elif res.network_tests and set(res.failing_tests) <= set(res.network_tests):
+            res.status, res.infra_reason = "infra", "network"
+            res.error = network_error(res.network_tests, egress is not None)
         else:
             res.status = "resolved" if res.resolved else "unresolved"
 
@@ -393,6 +410,18 @@ class SWEDebugRunner:
         raise ValueError(step)  # pragma: no cover
 
 
+def network_error(tests: Mapping[str, str], had_network: bool) -> str:
+    """The error of an instance whose failing tests all needed the network."""
+    names = ", ".join(list(tests)[:5]) + (f" and {len(tests) - 5} more" if len(tests) > 5 else "")
+    first = next(iter(tests.values()))
+    if had_network:
+        return (f"{len(tests)} test(s) failed on a network error although the sandbox had an allow-list: {names} "
+                f"({first}); the hosts they reach are not in --network-allow (see the instance's egress log)")
+    return (f"{len(tests)} test(s) need the network, which the sandbox does not have: {names} ({first}); SWE-bench "
+            f"runs them with a network: give them one with --network-allow HOST[,HOST...] --network-rows all, "
+            f"or `network: true` on the row")
+
+
 def fuzzy_notes(result: Mapping[str, Any]) -> list[str]:
     """One line per patch of a result (dict) that went on by the fuzzy fallback."""
     notes = []
@@ -437,6 +466,8 @@ def summary(results: Sequence[Any], step: str, wall_s: float | None = None) -> d
         "not_resolved": broken_report(rows),
         "infra_failures": [{"instance_id": r["instance_id"], "reason": r.get("infra_reason"), "error": r.get("error")}
                            for r in rows if r.get("status") == "infra"],
+        "network": sum(r.get("infra_reason") == "network" for r in rows),
+        "network_tests": {r["instance_id"]: sorted(r["network_tests"]) for r in rows if r.get("network_tests")},
         "fuzzy_applies": [{"instance_id": r["instance_id"], "notes": fuzzy_notes(r)} for r in rows if fuzzy_notes(r)],
     }
     if wall_s is not None:

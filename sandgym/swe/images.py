@@ -3,7 +3,9 @@
 Two layers, FROM the recipe's base image (sandgym/python:<X.Y> for its Python version,
 built from Debian with `sandgym images build --python X.Y`; no registry):
 
-- env image `sandgym-swe/env:<hash>`: a venv at /opt/task/venv with the recipe's pip
+- env image `sandgym-swe/env:<hash>`: the build tools SWE-bench's base image has (a C
+  compiler, `BUILD_PACKAGES`), a venv at /opt/task/venv (pip and wheel, as a conda env
+  has them) with the recipe's pip
   packages and requirements (under its constraints); shared by every task with the same
   (python, base image, pip, requirements, constraints).
 - instance image `sandgym-swe/<repo>:<hash>`: the repository at `base_commit` at /testbed,
@@ -18,6 +20,15 @@ Sandboxes mount a fresh tmpfs at /testbed (their workdir), so `setup_commands()`
 editable installs stay valid. Build steps use host networking; containers never get a
 network. The hash covers the recipe, the repository's tree at base_commit and the commit
 id, and is kept in the tag and in labels: a second run finds the image and reuses it.
+
+Tests run the way SWE-bench's harness runs them. A spec whose test command is `tox
+--current-env -e<env>` (sphinx) gets `/testbed/.tox/<env>` made at build as an alias of the
+venv: tox-current-env links `.tox/<env>/bin/python` to the venv's python, and Python finds a
+venv by the `pyvenv.cfg` next to the path it was started as, not by where the link leads (the
+venv's python is itself a link to the base image's), so without the alias the tests would start
+outside the venv (`sys.prefix=/usr`, no pytest). SWE-bench's conda env has a real interpreter
+in its prefix, where following the links ends; the alias (the venv's `pyvenv.cfg` and `lib`)
+gives the same result.
 
 What a sandbox must do differently for an image is its `ImageLayout` (`BUILT_LAYOUT` here;
 SWE-bench's prebuilt images have theirs in sandgym.swe.prebuilt).
@@ -58,7 +69,7 @@ if TYPE_CHECKING:  # imported when a build needs it
 log = logging.getLogger(__name__)
 
 # Bump when the Dockerfiles below change meaningfully: old images are then not reused.
-RECIPE_VERSION = "3"
+RECIPE_VERSION = "4"
 VENV = "/opt/task/venv"
 PRISTINE = "/opt/task/repo"
 HISTORY = "/opt/task/history.git"
@@ -67,6 +78,15 @@ CONSTRAINTS_PATH = "/opt/task/constraints.txt"
 # The venv's own pip: Debian bullseye's (20.3) cannot install PEP 660 editables; 24.0 is
 # the pip of early 2024, when SWE-bench's harness images were built.
 VENV_PIP = "pip==24.0"
+# A conda env (SWE-bench's) comes with setuptools and wheel; pip's legacy `--no-use-pep517`
+# installs (scikit-learn's spec) refuse to run without wheel. 0.43.0: the wheel of early 2024.
+VENV_WHEEL = "wheel==0.43.0"
+# What SWE-bench's base image installs besides Python (swebench 4.1's `_DOCKERFILE_BASE_PY`:
+# build-essential, libffi-dev, libtiff-dev, jq, curl, wget, tzdata, ...), and the headers its
+# conda Python has (python3-dev here): install steps compile C extensions (astropy,
+# scikit-learn; django's requirements build pywatchman from source).
+# One layer per base image, shared by every env image built FROM it.
+BUILD_PACKAGES = ("build-essential", "python3-dev", "libffi-dev", "libtiff-dev", "jq", "curl", "wget", "tzdata")
 LABEL_KIND = "sandgym.swe.kind"
 LABEL_HASH = "sandgym.swe.hash"
 LABEL_REPO = "sandgym.swe.repo"
@@ -171,9 +191,11 @@ def env_dockerfile(recipe: Recipe, *, with_ca: bool) -> str:
         "ARG PIP_NO_CACHE_DIR=1",
         "ARG PIP_DISABLE_PIP_VERSION_CHECK=1",
         f"RUN python3 -c {shlex.quote(check)}",
+        ("RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
+         + " ".join(BUILD_PACKAGES) + " && rm -rf /var/lib/apt/lists/*"),
         # The sandbox user owns nothing in the image; git must still accept the copied repo.
         "RUN git config --system --add safe.directory '*'",
-        f"RUN python3 -m venv {VENV} && {VENV}/bin/python -m pip install -q {shlex.quote(VENV_PIP)}",
+        f"RUN python3 -m venv {VENV} && {VENV}/bin/python -m pip install -q {shlex.quote(VENV_PIP)} {shlex.quote(VENV_WHEEL)}",
         f"COPY constraints.txt {CONSTRAINTS_PATH}",
         f"ARG PIP_CONSTRAINT={CONSTRAINTS_PATH}",
     ]
@@ -218,7 +240,10 @@ def instance_dockerfile(task: SWETask, env_tag: str, *, with_ca: bool) -> str:
     for cmd in (*recipe.pre_install, *recipe.install):
         # One RUN per command, so a failure names the very command.
         lines.append("RUN " + cmd.replace("\n", " \\\n  "))
-    if recipe.pre_install or recipe.install:
+    tox_env = tox_current_env(recipe.test_cmd)
+    if tox_env:
+        lines.append("RUN " + tox_env_alias(tox_env))
+    if recipe.pre_install or recipe.install or tox_env:
         # What the install left untracked (egg-info, build outputs) is part of the baseline,
         # not of a step's diff: hide it from git in this repository only.
         lines.append("RUN git ls-files --others --exclude-standard --directory >> .git/info/exclude")
@@ -227,6 +252,23 @@ def instance_dockerfile(task: SWETask, env_tag: str, *, with_ca: bool) -> str:
         "USER sandbox",
     ]
     return "\n".join(lines) + "\n"
+
+
+_TOX_CURRENT_ENV = re.compile(r"\btox\b.*--current-env\b.*?(?:-e\s*|--envlist[= ]\s*)([A-Za-z0-9_.-]+)")
+
+
+def tox_current_env(test_cmd: str) -> str | None:
+    """The tox env a `tox --current-env -e<env>` test command runs in (None for other commands)."""
+    m = _TOX_CURRENT_ENV.search(test_cmd)
+    return m.group(1) if m else None
+
+
+def tox_env_alias(env: str, workdir: str = TESTBED) -> str:
+    """Shell that makes `<workdir>/.tox/<env>` an alias of the venv (see the module's doc)."""
+    d = shlex.quote(f"{workdir}/.tox/{env}")
+    links = " && ".join(f"ln -sfn {VENV}/bin/python {d}/bin/{n}" for n in ("python", "python3", "python3.$minor"))
+    return (f"minor=$({VENV}/bin/python -c 'import sys; print(sys.version_info[1])') && mkdir -p {d}/bin && {links} "
+            f"&& cp {VENV}/pyvenv.cfg {d}/pyvenv.cfg && ln -sfn {VENV}/lib {d}/lib")
 
 
 def setup_commands(workdir: str = TESTBED) -> str:
@@ -281,7 +323,8 @@ class TaskImageBuilder:
     # ---- naming ----------------------------------------------------------------------
 
     def env_tag(self, recipe: Recipe) -> tuple[str, str]:
-        h = _sha({"v": RECIPE_VERSION, "kind": "env", "pip_self": VENV_PIP, **recipe.env_hash_material()})
+        h = _sha({"v": RECIPE_VERSION, "kind": "env", "pip_self": VENV_PIP, "wheel": VENV_WHEEL,
+                  "build_packages": list(BUILD_PACKAGES), **recipe.env_hash_material()})
         py = re.sub(r"[^0-9.]", "", recipe.python) or "x"
         return f"sandgym-swe/env:py{py}-{h[:16]}", h
 
@@ -297,6 +340,8 @@ class TaskImageBuilder:
             "v": RECIPE_VERSION, "kind": "instance", "env": env_hash, "commit": commit, "tree": tree,
             "pre_install": list(recipe.pre_install), "install": list(recipe.install), "envvars": recipe.env,
             "history": recipe.history, "tags": tags, "setup_patch": task.setup_patch,
+            # Only where it applies, so that other images keep their hash.
+            **({"tox_env": tox_current_env(recipe.test_cmd)} if tox_current_env(recipe.test_cmd) else {}),
         })
         facts = {"path": str(repo), "commit": commit, "tree": tree, "tags": tags}
         return f"sandgym-swe/{_slug(task.repo)}:{h[:16]}", h, facts

@@ -15,7 +15,8 @@ env; here the env is a venv on a Debian base with that Python, so a spec becomes
 - `pip_packages` -> pip; `pre_install`, `install`, `eval_commands`, `test_cmd` as they are;
 - `log_parser` -> `swebench` (the repo's parser in `MAP_REPO_TO_PARSER`);
 - pins for what drifted since SWE-bench built its images (sandgym.swe.pins), as pip
-  constraints, each noted in `recipe.notes` with why and where it comes from.
+  constraints, and swaps of conda builds PyPI has no wheel of, each noted in `recipe.notes`
+  with why and where it comes from.
 
 A user recipes file (JSON or TOML) maps `owner/name` to `{version or "*": recipe}` for
 repositories no spec covers (SWE-Gym, SWE-smith) or to override one.
@@ -34,10 +35,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .pins import pins_for
-from .tasks import Recipe, RecipeError, SWETask
+from .pins import pins_for, swaps_for
+from .tasks import MissingRepository, Recipe, RecipeError, SWETask
 
 SWEBENCH_HINT = "pip install 'sandgym[swe]' (the swebench package, 4.x: its specs and log parsers)"
+
+
+class NeedsRepository(RecipeError):
+    """The spec's requirements are read from the repository, and there is no local one."""
 
 
 def swebench_version() -> str | None:
@@ -143,7 +148,7 @@ def recipe_from_spec(task: SWETask, repo: Path | None, *, env: bool = True) -> R
         if not paths:
             raise RecipeError(f"{task.instance_id}: spec wants requirements.txt but swebench lists no path for {task.repo}")
         if repo is None:
-            raise RecipeError(f"{task.instance_id}: the spec's requirements come from the repository; no local repository")
+            raise NeedsRepository(f"{task.instance_id}: the spec's requirements come from the repository; no local repository")
         requirements = requirements_from_repo(task, repo, paths)
     elif packages == "environment.yml":
         raise RecipeError(f"{task.instance_id}: the swebench spec for {task.repo} {task.version} is a conda "
@@ -151,10 +156,15 @@ def recipe_from_spec(task: SWETask, repo: Path | None, *, env: bool = True) -> R
     elif packages:
         pip += conda_to_pip(packages)
     pip += list(spec.get("pip_packages", []))
+    notes = []
+    for swap in swaps_for(task.repo, task.version, str(spec["python"])):
+        if swap.old in pip:
+            pip = [swap.new if x == swap.old else x for x in pip]
+            notes.append(f"{swap.old} -> {swap.new}: {swap.why} (source: {swap.source})")
     install = [c.MAP_REPO_TO_INSTALL[task.repo]] if c.MAP_REPO_TO_INSTALL.get(task.repo) else []
     if spec.get("install"):
         install.append(spec["install"])
-    constraints, notes = [], []
+    constraints = []
     for pin in pins_for(task.repo, task.version):
         constraints.append(pin.requirement)
         notes.append(f"{pin.requirement}: {pin.why} (source: {pin.source})")
@@ -194,12 +204,17 @@ class RecipeResolver:
 
     def resolve(self, task: SWETask, *, prebuilt: bool = False) -> SWETask:
         """`prebuilt`: for a SWE-bench prebuilt image (a spec gives only the test side, and
-        needs no repository; `environment.yml` specs are fine there)."""
+        needs no repository; `environment.yml` specs are fine there). A spec that reads the
+        repository's requirements raises MissingRepository when there is no local copy (the
+        same error the image build gives: where it looked and how to get one)."""
         if task.recipe is not None or task.recipe_error:
             return task
         try:
             recipe = self._from_file(task) or (recipe_from_spec(task, None, env=False) if prebuilt
                                                else recipe_from_spec(task, self._repo(task)))
+        except NeedsRepository:
+            task.find_repo(self.mirrors)  # raises MissingRepository, saying where it looked
+            raise
         except RecipeError as exc:
             return task.model_copy(update={"recipe_error": str(exc)})
         return task.model_copy(update={"recipe": recipe})
@@ -219,5 +234,5 @@ class RecipeResolver:
     def _repo(self, task: SWETask) -> Path | None:
         try:
             return task.find_repo(self.mirrors)
-        except FileNotFoundError:
+        except MissingRepository:
             return None

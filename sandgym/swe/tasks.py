@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_BASE_IMAGE = "sandgym/python:latest"  # Debian bookworm, Python 3.11
 DEFAULT_PYTHON = "3.11"
@@ -43,6 +43,15 @@ _NON_TEST_EXTS = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl"
 
 class RecipeError(ValueError):
     """No recipe covers the task (or its spec cannot be turned into one)."""
+
+
+class MissingRepository(FileNotFoundError):
+    """No local repository for a task: the message names $SANDGYM_SWE_MIRRORS, where it
+    looked and how to get a mirror."""
+
+
+class RowError(ValueError):
+    """A row that is not a valid task: the message names the file, line and instance id."""
 
 
 class Recipe(BaseModel):
@@ -238,85 +247,130 @@ class SWETask(BaseModel):
         # which is where SWE-bench puts the test files).
         return recipe.test_cmd.replace("{tests}", tests)
 
+    def mirror_names(self) -> list[str]:
+        """The names a mirror of the task's repository may have under a mirrors directory."""
+        slug = self.repo.replace("/", "__")
+        plus = self.repo.replace("/", "+")
+        name = self.repo.split("/")[-1]
+        return [slug, slug + ".git", plus + "/repo", plus, plus + ".git", self.repo, self.repo + ".git", name, name + ".git"]
+
     def find_repo(self, mirrors: str | os.PathLike[str] | None = None) -> Path:
-        """The local git repository for this task; raises FileNotFoundError naming where it looked."""
-        tried: list[str] = []
+        """The local git repository for this task; MissingRepository (a FileNotFoundError)
+        says where it looked."""
         if self.repo_path:
             p = Path(self.repo_path).expanduser()
             if p.exists():
                 return p
-            tried.append(str(p))
         root = mirrors or os.environ.get(MIRRORS_ENV)
         if root:
-            owner_name = self.repo.split("/")
-            slug = self.repo.replace("/", "__")
-            plus = self.repo.replace("/", "+")
-            names = [slug, slug + ".git", plus + "/repo", plus, plus + ".git", self.repo, self.repo + ".git",
-                     owner_name[-1], owner_name[-1] + ".git"]
-            for name in names:
+            for name in self.mirror_names():
                 p = Path(root) / name
                 if p.exists():
                     return p
-                tried.append(str(p))
-        raise FileNotFoundError(
-            f"{self.instance_id}: no local repository for {self.repo!r} (looked at: {', '.join(tried) or 'nothing'}); "
-            f"set `repo_path` in the task or ${MIRRORS_ENV} to a directory of mirrors"
-        )
+        raise MissingRepository(missing_repository_message([self], mirrors))
 
 
-def _read_rows(path: Path) -> list[Any]:
-    """A JSON array of rows, or one JSON object per line (whatever the file is called)."""
-    text = path.read_text()
-    if text.lstrip().startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not a JSON array of rows: {exc}") from exc
-        rows = list(data)
+def missing_repository_message(tasks: Iterable[SWETask], mirrors: str | os.PathLike[str] | None = None) -> str:
+    """One message for the repositories of `tasks` that have no local copy: which, where it
+    looked (--mirrors, else $SANDGYM_SWE_MIRRORS, and each row's repo_path), and how to get one."""
+    tasks = list(tasks)
+    root = mirrors or os.environ.get(MIRRORS_ENV)
+    repos = list(dict.fromkeys(t.repo for t in tasks))
+    ids = [t.instance_id for t in tasks]
+    which = ", ".join(repos) + f" (instance{'s' if len(ids) > 1 else ''} {', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''})"
+    paths = [t.repo_path for t in tasks if t.repo_path]
+    looked = f"; the rows' repo_path: {', '.join(dict.fromkeys(paths))}" if paths else ""
+    example = tasks[0] if tasks else None
+    if root:
+        names = ", ".join(example.mirror_names()[:5]) if example else "OWNER__NAME"
+        where = f"looked in {root} (from {'--mirrors' if mirrors else '$' + MIRRORS_ENV}) for {names}{looked}"
     else:
-        rows = []
+        where = f"${MIRRORS_ENV} is not set and no --mirrors was given{looked}"
+    clone = (f"git clone --mirror https://github.com/{example.repo}.git {root or 'MIRRORS'}/{example.repo.replace('/', '__')}"
+             if example else "")
+    return (f"no local repository for {which}: {where}. Task images are built from a bare mirror of each repository "
+            f"(nothing is fetched at run time): {clone}, then set ${MIRRORS_ENV}={root or 'MIRRORS'} (or --mirrors)")
+
+
+def _read_rows(path: Path) -> list[tuple[str, Any]]:
+    """(where, row) for each row of a JSON array, or of one JSON object per line (whatever
+    the file is called); `where` is `file:line` of the row's first line."""
+    text = path.read_text()
+    rows: list[tuple[str, Any]] = []
+    if text.lstrip().startswith("["):
+        dec = json.JSONDecoder()
+        i = text.index("[") + 1
+        while True:
+            while i < len(text) and text[i] in " \t\r\n,":
+                i += 1
+            if i >= len(text):
+                raise ValueError(f"{path}: not a JSON array of rows: no closing ]")
+            if text[i] == "]":
+                break
+            try:
+                row, end = dec.raw_decode(text, i)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{exc.lineno}: not a JSON array of rows: {exc.msg}") from exc
+            rows.append((f"{path}:{text.count(chr(10), 0, i) + 1}", row))
+            i = end
+    else:
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
+                rows.append((f"{path}:{n}", json.loads(line)))
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{n}: not a JSON object: {exc}") from exc
-    for n, r in enumerate(rows, 1):
+    for where, r in rows:
         if not isinstance(r, dict):
-            raise ValueError(f"{path}: row {n} is a {type(r).__name__}, not a JSON object")
+            raise RowError(f"{where}: the row is a {type(r).__name__}, not a JSON object")
     return rows
+
+
+def validate_row(where: str, row: Any) -> SWETask:
+    """The row as a task; RowError naming `where`, the instance id and each bad field."""
+    if isinstance(row, SWETask):
+        return row
+    try:
+        return SWETask.model_validate(row)
+    except ValidationError as exc:
+        iid = row.get("instance_id") if isinstance(row, Mapping) else None
+        fields = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'row'}: {e['msg']}" for e in exc.errors()[:5])
+        raise RowError(f"{where}: {iid or '(no instance_id)'}: not a valid task: {fields}") from None
+    except ValueError as exc:  # a recipe string that is not JSON, say
+        iid = row.get("instance_id") if isinstance(row, Mapping) else None
+        raise RowError(f"{where}: {iid or '(no instance_id)'}: not a valid task: {exc}") from None
 
 
 def load_tasks(source: Any, *, split: str = "test", instance_ids: Iterable[str] | None = None) -> list[SWETask]:
     """Tasks from a JSONL file, a JSON array file, a list of dicts, a Hugging Face
     `Dataset`, a `save_to_disk` directory, a directory of data files, or a dataset name
     loadable with `datasets.load_dataset` (from the hub when it is reachable)."""
-    rows: list[Any]
+    rows: list[tuple[str, Any]]
     if isinstance(source, (str, os.PathLike)) and Path(source).is_file():
         path = Path(source)
         rows = _read_rows(path)
         base = path.parent
-        for r in rows:  # a relative repo_path is relative to the rows file
+        for _, r in rows:  # a relative repo_path is relative to the rows file
             if isinstance(r, dict) and r.get("repo_path") and not Path(r["repo_path"]).is_absolute():
                 r["repo_path"] = str((base / r["repo_path"]).resolve())
     elif isinstance(source, (str, os.PathLike)) and (Path(source) / "state.json").is_file():
         from datasets import load_from_disk  # a Dataset.save_to_disk directory
 
-        rows = list(load_from_disk(str(source)))
+        rows = [(f"{source} row {n}", r) for n, r in enumerate(load_from_disk(str(source)), 1)]
     elif isinstance(source, (str, os.PathLike)) and (Path(source) / "dataset_dict.json").is_file():
         from datasets import load_from_disk
 
-        rows = list(load_from_disk(str(source))[split])
+        rows = [(f"{source} [{split}] row {n}", r) for n, r in enumerate(load_from_disk(str(source))[split], 1)]
     elif isinstance(source, (str, os.PathLike)):
         from datasets import load_dataset  # a data directory, or a hub name (cache or network)
 
-        rows = list(load_dataset(str(source), split=split))
+        rows = [(f"{source} [{split}] row {n}", r) for n, r in enumerate(load_dataset(str(source), split=split), 1)]
     elif hasattr(source, "to_list") and hasattr(source, "column_names"):
-        rows = source.to_list()
+        rows = [(f"row {n}", r) for n, r in enumerate(source.to_list(), 1)]
     else:
-        rows = list(source)
-    tasks = [r if isinstance(r, SWETask) else SWETask.model_validate(r) for r in rows]
+        rows = [(f"row {n}", r) for n, r in enumerate(source, 1)]
+    tasks = [validate_row(where, r) for where, r in rows]
     if instance_ids is not None:
         wanted = set(instance_ids)
         missing = wanted - {t.instance_id for t in tasks}

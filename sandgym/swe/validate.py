@@ -8,6 +8,13 @@ the same step (flaky). Each run is a debug run written to the store as it finish
 An instance's runs go one after another (gold 1, empty 1, gold 2, ...) while instances run
 side by side: the first run builds the image (cold seconds), the later ones reuse it
 (warm seconds), and neither waits on another instance's build.
+
+Tests that fail only because the sandbox has no network (sandgym.swe.network) are not the
+task's fault: an instance whose only problems are those gets the verdict `needs_network`
+(with the tests named), not `invalid`; with a network (--network-allow) it can be validated.
+An instance none of whose runs got as far as a sandbox (no recipe this machine can build,
+the image build or the repository failed) says nothing about the task either: `not_run`,
+with the reason.
 """
 
 from __future__ import annotations
@@ -35,7 +42,9 @@ class InstanceValidation(BaseModel):
     runs: int = 0
     gold_resolved: int = 0  # runs of the gold patch that resolved the instance
     empty_resolved: int = 0  # runs of the empty patch that did (should be 0)
-    infra: int = 0  # runs that failed for the environment's reasons
+    infra: int = 0  # runs that failed for the environment's reasons (but the network)
+    network: int = 0  # runs whose failing tests all needed the network (infra, reason network)
+    network_tests: list[str] = Field(default_factory=list)  # listed tests that failed on a network error
     errors: int = 0
     f2p_passing_without_fix: list[str] = Field(default_factory=list)
     p2p_failing_without_fix: list[str] = Field(default_factory=list)
@@ -47,7 +56,7 @@ class InstanceValidation(BaseModel):
     cold_step: str | None = None  # which step that run was
     gold_warm_s: float | None = None  # mean of gold runs on a reused image
     empty_warm_s: float | None = None
-    verdict: str = "invalid"  # valid | invalid
+    verdict: str = "invalid"  # valid | needs_network | not_run | invalid
     problems: list[str] = Field(default_factory=list)
 
 
@@ -63,11 +72,15 @@ def judge(task: SWETask, results: dict[str, list[dict[str, Any]]]) -> InstanceVa
                            python=next((r.get("python") for r in every if r.get("python")), None))
     v.gold_resolved = sum(bool(r.get("resolved")) for r in gold)
     v.empty_resolved = sum(bool(r.get("resolved")) for r in empty)
-    v.infra = sum(r.get("status") == "infra" for r in every)
+    v.network = sum(r.get("infra_reason") == "network" for r in every)
+    v.infra = sum(r.get("status") == "infra" for r in every) - v.network
     v.errors = sum(r.get("status") == "error" for r in every)
-    graded_empty = [r for r in empty if r.get("status") in ("resolved", "unresolved")]
+    v.network_tests = sorted({t for r in every for t in r.get("network_tests") or {}})
+    net = set(v.network_tests)
+    graded_empty = [r for r in empty if r.get("status") in ("resolved", "unresolved") or r.get("infra_reason") == "network"]
     v.f2p_passing_without_fix = sorted({t for r in graded_empty for t, o in r.get("fail_to_pass", {}).items() if o in PASSING})
-    v.p2p_failing_without_fix = sorted({t for r in graded_empty for t, o in r.get("pass_to_pass", {}).items() if o not in PASSING})
+    v.p2p_failing_without_fix = sorted({t for r in graded_empty for t, o in r.get("pass_to_pass", {}).items()
+                                        if o not in PASSING and t not in net})
     v.gold_failing = sorted({t for r in gold if r.get("status") in ("resolved", "unresolved") for t in r.get("failing_tests", [])})
     v.gold_errors = sorted({str(r["error"]).splitlines()[0][:400] for r in gold if r.get("status") == "error" and r.get("error")})
     listed = set(task.FAIL_TO_PASS) | set(task.PASS_TO_PASS)
@@ -90,7 +103,8 @@ def judge(task: SWETask, results: dict[str, list[dict[str, Any]]]) -> InstanceVa
         v.problems.append(f"{v.infra} run(s) failed for infrastructure reasons")
     if v.errors:
         v.problems.append(f"{v.errors} run(s) could not be graded")
-    if v.gold_resolved < len(gold):
+    gold_network = sum(r.get("infra_reason") == "network" for r in gold)
+    if v.gold_resolved + gold_network < len(gold):
         why = v.gold_errors[:2] + ([f"failing: {', '.join(v.gold_failing[:5])}"] if v.gold_failing else [])
         v.problems.append(f"gold resolved {v.gold_resolved}/{len(gold)} runs" + (f" ({'; '.join(why)})" if why else ""))
     if v.empty_resolved:
@@ -101,7 +115,19 @@ def judge(task: SWETask, results: dict[str, list[dict[str, Any]]]) -> InstanceVa
         v.problems.append(f"{len(v.p2p_failing_without_fix)} PASS_TO_PASS test(s) fail without the fix")
     if v.flaky_listed:
         v.problems.append(f"{len(v.flaky_listed)} listed test(s) changed outcome between runs")
-    v.verdict = "valid" if not v.problems and gold and empty else "invalid"
+    reached = [r for r in every if "sandbox_s" in (r.get("timings") or {})]
+    if every and not reached:
+        v.verdict = "not_run"
+        first = next((str(r["error"]).splitlines()[0][:400] for r in every if r.get("error")), "no run got a sandbox")
+        v.problems = [f"no run got as far as a sandbox: {first}"]
+    elif v.problems or not (gold and empty):
+        v.verdict = "invalid"
+    elif v.network:
+        v.verdict = "needs_network"
+        v.problems.append(f"{len(v.network_tests)} test(s) need the network, which the sandbox does not have: "
+                          f"{', '.join(v.network_tests[:5])}; gold resolved {v.gold_resolved}/{len(gold)} runs without it")
+    else:
+        v.verdict = "valid"
     return v
 
 
@@ -154,7 +180,9 @@ def validation_summary(vals: Sequence[InstanceValidation], runs: int, wall_s: fl
     out: dict[str, Any] = {
         "kind": "validate", "runs": runs, "total": len(vals),
         "valid": sum(v.verdict == "valid" for v in vals),
-        "invalid": [{"instance_id": v.instance_id, "problems": v.problems} for v in vals if v.verdict != "valid"],
+        "needs_network": [{"instance_id": v.instance_id, "tests": v.network_tests} for v in vals if v.verdict == "needs_network"],
+        "not_run": [{"instance_id": v.instance_id, "problems": v.problems} for v in vals if v.verdict == "not_run"],
+        "invalid": [{"instance_id": v.instance_id, "problems": v.problems} for v in vals if v.verdict == "invalid"],
         "instances": [v.model_dump() for v in vals],
     }
     if wall_s is not None:

@@ -288,3 +288,40 @@ def test_cli_prebuilt_empty_patch_auto_fallback_and_pull_failures(
     # A bad --registry is a one-line user error before anything runs.
     proc = _swe("debug", str(rows), "--image-source", "prebuilt", "--registry", "http://x", "-o", str(tmp_path / "bad"))
     assert proc.returncode == 2 and "without a scheme" in proc.stderr and not (tmp_path / "bad").exists()
+
+
+@needs_engine
+def test_cli_validate_on_prebuilt_images(registry: str, pushed: dict[str, Any], tmp_path: Path) -> None:
+    """`sandgym swe validate --image-source prebuilt`: gold and empty twice each in the pulled
+    image; no repository, no build."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(pushed) + "\n")
+    proc = _swe("validate", str(rows), "--runs", "2", "--image-source", "prebuilt", "--registry", registry, "--json",
+                "-o", str(tmp_path / "val"))
+    assert proc.returncode == 0, proc.stderr
+    summ = json.loads(proc.stdout)
+    (inst,) = summ["instances"]
+    assert summ["valid"] == 1 and inst["verdict"] == "valid", inst
+    assert inst["gold_resolved"] == 2 and inst["empty_resolved"] == 0 and inst["cold_s"] is None  # nothing built
+    run = json.loads((tmp_path / "val" / IID / "gold_patch-2" / "result.json").read_text())
+    assert run["image_source"] == "prebuilt" and run["image"] == f"{registry}/{KEY}"
+    assert json.loads((tmp_path / "val" / "meta.json").read_text())["image_source"] == "prebuilt"
+
+
+@needs_engine
+@pytest.mark.anyio
+async def test_agentic_env_on_a_prebuilt_image(registry: str, pushed: dict[str, Any]) -> None:
+    """swe_agent with `image_source="prebuilt"`: the oracle's editor calls land in the image's
+    /testbed and the tests run in its activated env (1.0); `null` scores 0."""
+    from sandgym.core.policies import get_policy
+    from sandgym.envs.swe_agent import load_environment
+
+    for policy, reward in (("oracle", 1.0), ("null", 0.0)):
+        env = load_environment(tasks=[SWETask.model_validate(pushed)], image_source="prebuilt", registry=registry)
+        async with env.sandbox_session("docker", max_sandboxes=1) as mgr:
+            (state,) = await env.generate(get_policy(policy, env), policy, max_concurrent=1, split="eval")
+        assert mgr.live == 0
+        assert state.error is None, state.error
+        assert state.reward == reward, state.info.get("swe")
+        assert state.info["image_source"] == "prebuilt" and state.info["image"] == f"{registry}/{KEY}"
+        assert state.metrics["pass_to_pass_rate"] == 1.0  # test_conda_env: the env's python, activated

@@ -13,7 +13,7 @@ import pytest
 from sandgym.swe import pins
 from sandgym.swe.bundled import init_repo
 from sandgym.swe.specs import RecipeResolver, conda_to_pip, load_recipes_file, recipe_from_spec
-from sandgym.swe.tasks import RecipeError, SWETask
+from sandgym.swe.tasks import MissingRepository, RecipeError, SWETask
 from tests.conftest import require
 
 require("swebench")
@@ -53,9 +53,9 @@ def test_requirements_come_from_the_local_repository(tmp_path: Path) -> None:
     lines = [x for x in r.requirements.splitlines() if x.strip()]
     assert lines == ["click>=7", "flake8", "types-setuptools", "pytest"]
     assert r.install == ("python -m pip install -e .",) and r.python == "3.9"
-    # No repository: the requirements cannot be read, and the row says so.
-    t2 = RecipeResolver(mirrors=tmp_path / "nothing").resolve(t)
-    assert t2.recipe is None and "no local repository" in (t2.recipe_error or "")
+    # No repository: the requirements cannot be read; the error says where it looked (as the build's does).
+    with pytest.raises(MissingRepository, match=r"no local repository for .* looked in .*nothing \(from --mirrors\)"):
+        RecipeResolver(mirrors=tmp_path / "nothing").resolve(t)
 
 
 def test_rows_nothing_covers_fail_clearly() -> None:
@@ -107,3 +107,27 @@ def test_mirror_layouts(tmp_path: Path) -> None:
     init_repo(src, tmp_path / "work")
     subprocess.run(["git", "clone", "-q", "--bare", str(tmp_path / "work"), str(tmp_path / "m" / "o+r" / "repo")], check=True)
     assert _task("o/r", "1").find_repo(tmp_path / "m") == tmp_path / "m" / "o+r" / "repo"
+
+
+def test_swaps_replace_conda_builds_pypi_lacks() -> None:
+    """scikit-learn 1.3's spec asks conda for numpy 1.19.2 and scipy 1.5.2 on Python 3.9; PyPI
+    has no cp39 wheel of either, so the first releases of those lines that have one stand in,
+    each noted with why and where from."""
+    from sandgym.swe.specs import recipe_from_spec
+
+    t = SWETask(instance_id="scikit-learn__scikit-learn-25747", repo="scikit-learn/scikit-learn", base_commit="2c86" * 10,
+                version="1.3")
+    r = recipe_from_spec(t, None)
+    assert "numpy==1.19.3" in r.pip and "scipy==1.5.4" in r.pip and "numpy==1.19.2" not in r.pip
+    assert any(n.startswith("numpy==1.19.2 -> numpy==1.19.3: ") and "cp39" in n for n in r.notes)
+    # Another version of the repository keeps its spec as it is.
+    r = recipe_from_spec(t.model_copy(update={"version": "0.22"}), None)
+    assert not any("->" in n for n in r.notes)
+
+
+def test_tox_current_env_commands_are_recognised() -> None:
+    from sandgym.swe.images import tox_current_env
+
+    assert tox_current_env("tox --current-env -epy39 -v -- {tests}") == "py39"
+    assert tox_current_env("tox --current-env -e py311 -- x") == "py311"
+    assert tox_current_env("pytest -rA") is None and tox_current_env("tox -epy39") is None

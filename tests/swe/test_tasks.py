@@ -118,7 +118,7 @@ def test_rows_as_users_have_them(tmp_path: Path) -> None:
     assert smith.setup_patch == smith.patch and smith.gold_reverse
     assert smith.test_directives() == ["pandas/tests/indexing/test_datetime.py"]
     (tmp_path / "bad.json").write_text('["not a row"]')
-    with pytest.raises(ValueError, match="row 1 is a str, not a JSON object"):
+    with pytest.raises(ValueError, match=r"bad\.json:1: the row is a str, not a JSON object"):
         load_tasks(tmp_path / "bad.json")
     (tmp_path / "lines.json").write_text(json.dumps(rows[0]) + "\n")  # JSONL, whatever the name
     assert [t.instance_id for t in load_tasks(tmp_path / "lines.json")] == ["o__r-1"]

@@ -17,7 +17,7 @@ def _run(resolved: bool, tests: dict[str, str], built: bool = False, total_s: fl
             "fail_to_pass": {"t::f": tests.get("t::f", "missing")},
             "pass_to_pass": {t: tests.get(t, "missing") for t in ("t::p", "t::q")},
             "failing_tests": [t for t in ("t::f", "t::p", "t::q") if tests.get(t) not in ("passed", "xfail")],
-            "image_reused": not built, "python": "3.9", "timings": {"total_s": total_s}}
+            "image_reused": not built, "python": "3.9", "timings": {"total_s": total_s, "sandbox_s": 0.5}}
 
 
 GOOD = {"t::f": "passed", "t::p": "passed", "t::q": "passed", "t::other": "passed"}
@@ -49,3 +49,28 @@ def test_problems_are_named() -> None:
 def test_infra_runs_are_not_counted_as_flaky() -> None:
     v = judge(TASK, {"gold_patch": [_run(True, GOOD), _run(False, {}, status="infra")], "none": [_run(False, EMPTY)]})
     assert v.infra == 1 and v.flaky_listed == [] and "1 run(s) failed for infrastructure reasons" in v.problems
+
+
+def test_network_only_problems_are_needs_network() -> None:
+    """Gold's only failing test reached out (infra/network); without the fix that test fails
+    the same way: the task is not faulted, and the test is named."""
+    net = {"network_tests": {"t::q": "OSError: [Errno 101] Network is unreachable"}}
+    gold = {**_run(False, {**GOOD, "t::q": "failed"}, status="infra"), "infra_reason": "network", **net}
+    empty = {**_run(False, {**EMPTY, "t::q": "failed"}), **net}
+    v = judge(TASK, {"gold_patch": [gold, gold], "none": [empty, empty]})
+    assert v.verdict == "needs_network" and v.network == 2 and v.infra == 0 and v.network_tests == ["t::q"]
+    assert v.p2p_failing_without_fix == [] and "need the network" in v.problems[0] and "t::q" in v.problems[0]
+    # A real failure beside it is still a problem of the task.
+    v = judge(TASK, {"gold_patch": [gold, _run(False, {**GOOD, "t::p": "failed"})], "none": [empty, empty]})
+    assert v.verdict == "invalid"
+
+
+def test_runs_that_never_got_a_sandbox_are_not_run() -> None:
+    """No recipe this machine can build: nothing is known of the task (`not_run`, with why)."""
+    err = {"status": "error", "resolved": False, "error": "o__r-1: the swebench spec for o/r 1.0 is a conda environment.yml",
+           "timings": {"total_s": 0.01}}
+    v = judge(TASK, {"gold_patch": [err, err], "none": [err, err]})
+    assert v.verdict == "not_run" and v.problems == [f"no run got as far as a sandbox: {err['error']}"]
+    # A gold patch that does not apply got a sandbox: that is the task's problem.
+    no_apply = {**err, "error": "the gold patch does not apply", "timings": {"total_s": 3.0, "sandbox_s": 0.4}}
+    assert judge(TASK, {"gold_patch": [no_apply], "none": [_run(False, EMPTY)]}).verdict == "invalid"
