@@ -34,13 +34,14 @@ from pydantic import ValidationError
 
 from sandgym.sandboxes.base import Provider
 from sandgym.sandboxes.errors import ImagePullError, SpecError
+from sandgym.sandboxes.live import LiveHandle
 from sandgym.sandboxes.manager import ManagedSandbox, SandboxManager
 from sandgym.sandboxes.spec import SandboxSpec
 
 from .db import StateDB
 from .egress import WirePolicy
 from .models import MIN_MEMORY_MB, CreateSandboxBody, GatewayAuth
-from .sessions import SessionTable
+from .sessions import Session, SessionTable
 from .store import LIVE, Egress, Record, Store, token_hash
 
 log = logging.getLogger(__name__)
@@ -221,6 +222,7 @@ class Service:
         self.default_policy = WirePolicy.parse(config.egress_default, None) if config.egress_default is not None else WirePolicy.blocked()
         self._tg: TaskGroup | None = None
         self.stopping = False
+        self.draining = False
         self.started_mono = time.monotonic()
         self.counters = {"created": 0, "create_errors": 0, "deleted": 0, "reaped": 0, "execs": 0, "died": 0, "adopted": 0}
 
@@ -266,16 +268,28 @@ class Service:
                 finally:
                     self.db.close()
 
-    async def _leave(self) -> None:
+    def begin_drain(self) -> None:
+        """The server stopped accepting and waits for in-flight requests: end the streams of
+        live processes now (they would hold the drain to its bound); their clients re-attach
+        to the next server on this state."""
+        self.draining = True
         for rec in self.store.all():
             if rec.sessions is not None:
-                await rec.sessions.kill_all()
+                rec.sessions.detach_all()
+
+    async def _leave(self) -> None:
+        for rec in self.store.all():
+            kept = self.detaching and rec.sandbox is not None and not rec.ended
+            if rec.sessions is not None:
+                # Kept sandboxes keep their live processes: the next server attaches to them.
+                await rec.sessions.kill_all(keep_attachable=kept)
             if rec.ended:
                 continue
-            if self.detaching and rec.sandbox is not None:
+            if kept and rec.sandbox is not None:
                 sb, rec.sandbox = rec.sandbox, None
                 await self.manager.detach(sb)
                 rec.log("server stopped; the sandbox keeps running for the next server")
+                rec.save()  # with its live processes (sessions.rows)
             elif self.detaching and rec.status in ("PENDING", "PROVISIONING"):
                 rec.log("server stopped before this sandbox started; the next server makes it")
             else:
@@ -327,6 +341,9 @@ class Service:
                 self.counters["adopted"] += 1
                 rec.log("re-adopted after a server restart")
                 await self._egress_after_start(rec)
+                for row in rec.live:
+                    await self._reattach(rec, row)
+                rec.live = []
                 if rec.status != "RUNNING":
                     rec.set_status("RUNNING")
                 else:
@@ -343,6 +360,31 @@ class Service:
         for info in by_record.values():  # containers of this state no live row claims
             await self._remove_quietly(info.id)
         self._admit()
+
+    async def _reattach(self, rec: Record, row: dict[str, Any]) -> None:
+        """Attach to a live process an earlier server started in this sandbox."""
+        assert rec.sandbox is not None
+        try:
+            argv, handle = list(row["argv"]), LiveHandle.model_validate(row["handle"])
+            proc = await rec.sandbox.attach_live(handle, argv)
+        except Exception as exc:
+            rec.log(f"live process {row.get('uuid')} not re-attached: {exc}")
+            return
+        self.start_session(rec, Session(uuid=str(row["uuid"]), argv=argv, cwd=row.get("cwd"), process=proc))
+        rec.log(f"live process {row['uuid']} pid={proc.pid} re-attached")
+
+    def start_session(self, rec: Record, sess: Session) -> None:
+        """Track a live process of `rec` (its row names it, for the next server) and pump its
+        output to whoever attaches."""
+        assert rec.sessions is not None
+        rec.sessions.add(sess)
+        rec.save()
+        self._spawn(self._pump, rec, sess)
+
+    async def _pump(self, rec: Record, sess: Session) -> None:
+        await sess.pump()
+        if not rec.ended:
+            rec.save()  # the ended process leaves the row
 
     def _lost(self, rec: Record, why: str) -> None:
         self.counters["died"] += 1

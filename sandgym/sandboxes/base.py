@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from .errors import SandboxError
-from .live import LiveProcess, ShellLiveProcess
+from .live import LiveHandle, LiveProcess, ShellLiveProcess
 from .result import EgressLogEntry, ExecResult, SandboxInfo
 from .spec import EgressPolicy, SandboxSpec
 
@@ -132,6 +132,13 @@ class Sandbox(ABC):
         streaming API overrides it (docker)."""
         proc = ShellLiveProcess(self, live_argv(argv))
         await proc.start(env, self.resolve(cwd) if cwd else None)
+        return proc
+
+    async def attach_live(self, handle: LiveHandle, argv: Sequence[str]) -> LiveProcess:
+        """Attach to a live process started earlier (by another driver of this sandbox) from
+        its `handle()`; RuntimeError when it is gone."""
+        proc = ShellLiveProcess(self, live_argv(argv), handle)
+        await proc.attach()
         return proc
 
     async def reset(self) -> bool:

@@ -9,8 +9,14 @@ process is started with `Sandbox.start_live`, a capability every sandbox has:
   bytes by offset (20 ms, backing off to 250 ms when quiet); stdin is written into the FIFO;
   signals go to the process group. Its cost is one exec per poll, and latency of one poll
   interval.
-- A provider with a streaming API overrides `start_live`: the docker provider's
-  `DockerLiveProcess` (providers/docker/live.py) streams through the Docker exec API.
+- A provider with a streaming API streams the same files instead of polling: the docker
+  provider's `DockerLiveProcess` (providers/docker/live.py).
+
+The process does not depend on whoever drives it: its stdin, output, pid and exit status
+live in a directory inside the sandbox. `handle()` names that directory, and
+`Sandbox.attach_live(handle, argv)` attaches to the process again from another driver (a
+platform server restarted on the same state): output from then on, stdin, signals, and the
+exit status even when the process ended in between.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ import logging
 import shlex
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
+from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from .base import Sandbox
@@ -34,17 +41,29 @@ Event = tuple[str, bytes | int]  # ("stdout"|"stderr", bytes) or ("exit", code)
 _CHUNK = 512 * 1024
 
 
+class LiveHandle(BaseModel):
+    """Where a live process keeps its state inside the sandbox: what `Sandbox.attach_live`
+    needs to attach to it again."""
+
+    dir: str
+    pid: int
+
+
 class LiveProcess(ABC):
     """One running command of a sandbox. Made and started by `Sandbox.start_live`."""
 
     pid: int
+
+    def handle(self) -> LiveHandle | None:
+        """What re-attaches to this process from another driver; None when nothing can."""
+        return None
 
     @abstractmethod
     async def start(self, env: Mapping[str, str] | None, cwd: str | None) -> None:
         """Start the command; `pid` is set when this returns."""
 
     @abstractmethod
-    def events(self) -> AsyncIterator[Event]:
+    def events(self) -> AsyncGenerator[Event, None]:
         """Output as it appears, then one ("exit", code). Iterated once."""
 
     @abstractmethod
@@ -59,11 +78,23 @@ class LiveProcess(ABC):
 
 
 class ShellLiveProcess(LiveProcess):
-    def __init__(self, sandbox: Sandbox, argv: Sequence[str]) -> None:
+    def __init__(self, sandbox: Sandbox, argv: Sequence[str], handle: LiveHandle | None = None) -> None:
+        """A process to `start`, or (with `handle`) one started earlier to `attach` to."""
         self.sb = sandbox
         self.argv = list(argv)
-        self.dir = f"/tmp/.sandgym-proc-{uuid.uuid4().hex[:16]}"
-        self.pid = 0
+        self.dir = handle.dir if handle is not None else f"/tmp/.sandgym-proc-{uuid.uuid4().hex[:16]}"
+        self.pid = handle.pid if handle is not None else 0
+        self.from_end = handle is not None  # attached: output from now on (the SDK's contract)
+
+    def handle(self) -> LiveHandle:
+        return LiveHandle(dir=self.dir, pid=self.pid)
+
+    async def attach(self) -> None:
+        """Check that the process's directory is still there (it may have exited since, which
+        `events` reports); RuntimeError when it is not."""
+        res = await self.sb.exec(["/bin/sh", "-c", f'test -p {shlex.quote(self.dir)}/in'], timeout=30)
+        if res.exit_code != 0:
+            raise RuntimeError(f"live process {self.pid} ({self.dir}) is gone")
 
     async def start(self, env: Mapping[str, str] | None, cwd: str | None) -> None:
         d = shlex.quote(self.dir)
@@ -104,8 +135,17 @@ class ShellLiveProcess(LiveProcess):
         code = None if parts[2] == b"-" else int(parts[2])
         return rest[:a], rest[a : a + b], code
 
-    async def events(self) -> AsyncIterator[Event]:
-        o = e = 0
+    async def sizes(self) -> tuple[int, int]:
+        """Bytes written so far to stdout and stderr (where an attached reader starts)."""
+        d = shlex.quote(self.dir)
+        res = await self.sb.exec(["/bin/sh", "-c", f"stat -c %s {d}/out {d}/err"], timeout=30)
+        parts = res.stdout.split()
+        if res.exit_code != 0 or len(parts) != 2:
+            raise RuntimeError(f"process output sizes unreadable (exit {res.exit_code}): {res.stderr.strip()}")
+        return int(parts[0]), int(parts[1])
+
+    async def events(self) -> AsyncGenerator[Event, None]:
+        o, e = await self.sizes() if self.from_end else (0, 0)
         delay = 0.02
         while True:
             out, err, code = await self._poll(o, e)

@@ -100,9 +100,17 @@ async def test_docker_live_process_with_a_high_fd(fds_past_1024: None) -> None:
             proc = await sb.start_live(["/bin/bash", "-c", "echo hi; read l; echo got:$l; exit 4"])
             try:
                 assert isinstance(proc, DockerLiveProcess)
+                first, _, _, it = await _collect(proc, until=b"hi\n")  # the follower's stream is open
                 assert proc._stream is not None and proc._stream.sock.fileno() >= 1024
                 await proc.write_stdin(b"line\n")
-                out, _, code, _ = await _collect(proc)
+                out, _, code = first, b"", None
+                with anyio.fail_after(30):
+                    async for kind, value in it:
+                        if kind == "exit":
+                            code = int(value)  # type: ignore[arg-type]
+                            break
+                        if kind == "stdout":
+                            out += value  # type: ignore[operator]
                 assert (out, code) == (b"hi\ngot:line\n", 4)
             finally:
                 await proc.cleanup()

@@ -1,13 +1,14 @@
-"""`DockerLiveProcess`: a live process on the docker provider through the Docker exec API
-(`DockerSandbox.start_live`).
+"""`DockerLiveProcess`: a live process on the docker provider (`DockerSandbox.start_live`).
 
-One `docker exec` with stdin attached; its hijacked socket carries stdin one way and the
-multiplexed stdout/stderr frames (demux.py) the other. A daemon thread reads the socket and
-hands output to the event loop, so output arrives as it is written, without polling, and
-without holding one of the provider's exec threads. The command is started as
-`bash -c 'echo $$ >PIDFILE; exec "$@"'`, so the recorded pid is the command's own; signals
-are sent with `kill` from a second exec. The exit code is the exec's, from `exec_inspect`
-once the stream ends.
+The process itself is `ShellLiveProcess`'s (sandboxes/live.py): detached inside the sandbox,
+stdin a FIFO, output in files, so it outlives its driver and another one can attach to it
+(a platform server restarted on the same state). What differs is how output arrives: in a
+sandbox with python3 (every one with execd) one `docker exec` runs a small follower that
+writes the files' new bytes to its own stdout/stderr as they grow and exits with the
+process's exit status; its hijacked socket carries them here (demux.py), read by a daemon
+thread, so output arrives within a few milliseconds without an exec per poll and without
+holding one of the provider's exec threads. Without python3 the polling of the base class is
+used.
 """
 
 from __future__ import annotations
@@ -15,67 +16,109 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio import to_thread
 
-from ...live import Event, LiveProcess
+from ...live import Event, LiveHandle, ShellLiveProcess
 from .demux import AttachStream, Demux
+
+if TYPE_CHECKING:
+    from ...base import Sandbox
 
 log = logging.getLogger(__name__)
 
 _QUIET_WAIT_S = 1.0  # the reader wakes this often when quiet, to notice a closed socket
 
+# argv: DIR OUT_OFFSET ERR_OFFSET (-1: from the end). The exit status is read before the
+# data, so once it is seen, all output is out; waits 2 ms after output, up to 50 ms when quiet.
+_FOLLOW = r"""
+import os, sys, time
+d = sys.argv[1]
+files = []
+for name, off, fd in (("out", int(sys.argv[2]), 1), ("err", int(sys.argv[3]), 2)):
+    f = open(os.path.join(d, name), "rb")
+    f.seek(0, 2) if off < 0 else f.seek(off)
+    files.append((f, fd))
+delay = 0.002
+while True:
+    try:
+        with open(os.path.join(d, "exit")) as x:
+            code = int(x.read().strip())
+    except (OSError, ValueError):
+        code = None
+    moved = False
+    for f, fd in files:
+        while True:
+            b = f.read(1 << 16)
+            if not b:
+                break
+            moved = True
+            while b:
+                b = b[os.write(fd, b):]
+    if code is not None:
+        sys.exit(code)
+    delay = 0.002 if moved else min(delay * 1.5, 0.05)
+    time.sleep(delay)
+"""
 
-class DockerLiveProcess(LiveProcess):
-    def __init__(self, api: Any, container_id: str, argv: Sequence[str]) -> None:
+
+class DockerLiveProcess(ShellLiveProcess):
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        api: Any,
+        container_id: str,
+        argv: Sequence[str],
+        *,
+        stream: bool,
+        handle: LiveHandle | None = None,
+    ) -> None:
+        """`stream`: the sandbox has python3 for the follower (else output is polled)."""
+        super().__init__(sandbox, argv, handle)
         self.api = api
         self.cid = container_id
-        self.argv = list(argv)
-        self.pid = 0
-        self._pidfile = f"/tmp/.sandgym-live-{uuid.uuid4().hex[:16]}.pid"
-        self._exec_id = ""
+        self.stream = stream
         self._stream: AttachStream | None = None
-        self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
-        self._reader: threading.Thread | None = None
 
-    async def start(self, env: Mapping[str, str] | None, cwd: str | None) -> None:
+    async def events(self) -> AsyncGenerator[Event, None]:
+        if not self.stream:
+            async for ev in super().events():
+                yield ev
+            return
         loop = asyncio.get_running_loop()
-        wrapper = ["/bin/bash", "-c", 'echo $$ >"$0"; exec "$@"', self._pidfile, *self.argv]
+        queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        offset = "-1" if self.from_end else "0"
+        argv = ["python3", "-I", "-S", "-c", _FOLLOW, self.dir, offset, offset]
 
-        def launch() -> bytes:
-            self._exec_id = self.api.exec_create(
-                self.cid, wrapper, stdin=True, stdout=True, stderr=True,
-                environment=[f"{k}={v}" for k, v in (env or {}).items()], workdir=cwd,
-            )["Id"]
-            self._stream = AttachStream(self.api.exec_start(self._exec_id, socket=True))
-            # Before any stdin can be written (see take_buffered).
-            return self._stream.take_buffered()
+        def launch() -> tuple[str, bytes]:
+            exec_id = self.api.exec_create(self.cid, argv, stdout=True, stderr=True)["Id"]
+            self._stream = AttachStream(self.api.exec_start(exec_id, socket=True))
+            return exec_id, self._stream.take_buffered()
 
-        first = await to_thread.run_sync(launch)
-        self._reader = threading.Thread(
-            target=self._read, args=(loop, first), name="sandgym-live", daemon=True
-        )
-        self._reader.start()
-        for _ in range(500):
-            r = await self._helper(f"cat {self._pidfile} 2>/dev/null")
-            if r.strip().isdigit():
-                self.pid = int(r.strip())
-                return
-            await anyio.sleep(0.01)
-        raise RuntimeError("live process did not report its pid")
+        exec_id, first = await to_thread.run_sync(launch)
+        reader = threading.Thread(target=self._read, args=(loop, queue, first), name="sandgym-live", daemon=True)
+        reader.start()
+        try:
+            while True:
+                ev = await queue.get()
+                if ev is None:
+                    break
+                yield ev
+        finally:
+            self.close_stream()  # a driver that stops following (cancelled) leaves no reader
+        code = -1
+        for _ in range(50):  # the stream can end a moment before the engine records the exit
+            info = await to_thread.run_sync(self.api.exec_inspect, exec_id)
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                code = int(info["ExitCode"])
+                break
+            await anyio.sleep(0.05)
+        yield ("exit", code)
 
-    async def _helper(self, script: str) -> str:
-        def run() -> str:
-            eid = self.api.exec_create(self.cid, ["/bin/sh", "-c", script], stdout=True, stderr=True)["Id"]
-            return self.api.exec_start(eid).decode(errors="replace")  # type: ignore[no-any-return]
-
-        return await to_thread.run_sync(run)
-
-    def _read(self, loop: asyncio.AbstractEventLoop, first: bytes) -> None:
+    def _read(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Event | None], first: bytes) -> None:
         stream = self._stream
         assert stream is not None
         demux = Demux()
@@ -83,44 +126,21 @@ class DockerLiveProcess(LiveProcess):
         try:
             while True:
                 for ev in demux.feed(chunk or b""):
-                    loop.call_soon_threadsafe(self._queue.put_nowait, ev)
+                    loop.call_soon_threadsafe(queue.put_nowait, ev)
                 try:
                     chunk = stream.recv(_QUIET_WAIT_S)  # None: quiet for a while
-                except OSError:  # closed by cleanup()
+                except OSError:  # closed by close_stream()
                     break
                 if chunk == b"":
                     break  # end of stream
         finally:
-            loop.call_soon_threadsafe(self._queue.put_nowait, None)
+            loop.call_soon_threadsafe(queue.put_nowait, None)
 
-    async def events(self) -> AsyncIterator[Event]:
-        while True:
-            ev = await self._queue.get()
-            if ev is None:
-                break
-            yield ev
-        code = -1
-        for _ in range(50):  # the stream can end a moment before the engine records the exit
-            info = await to_thread.run_sync(self.api.exec_inspect, self._exec_id)
-            if not info.get("Running") and info.get("ExitCode") is not None:
-                code = int(info["ExitCode"])
-                break
-            await anyio.sleep(0.05)
-        yield ("exit", code)
-
-    async def write_stdin(self, data: bytes) -> None:
-        stream = self._stream
-        if stream is None:
-            raise RuntimeError("process not started")
-        await to_thread.run_sync(stream.sendall, data)
-
-    async def signal(self, signum: int) -> None:
-        await self._helper(f"kill -{int(signum)} {self.pid} 2>/dev/null; true")
-
-    async def cleanup(self) -> None:
+    def close_stream(self) -> None:
+        """Stop following (the process runs on; another driver may attach to it)."""
         if self._stream is not None:
             self._stream.close()
-        try:
-            await self._helper(f"rm -f {self._pidfile}")
-        except Exception as exc:  # container gone
-            log.debug("live process cleanup: %r", exc)
+
+    async def cleanup(self) -> None:
+        self.close_stream()
+        await super().cleanup()

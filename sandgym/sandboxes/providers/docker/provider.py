@@ -60,7 +60,7 @@ from ...egress.forwarder import EgressForwarder
 from ...egress.proxy import EgressProxy, squid_binary
 from ...errors import SandboxCreateError, SandboxError, SandboxGoneError, SpecError
 from ...execd import CONTAINER_SOCKET_DIR, EGRESS_PORT, EGRESS_SOCKET_NAME, LIFELINE_NAME, BatchJob, execd_command
-from ...live import LiveProcess
+from ...live import LiveHandle, LiveProcess
 from ...ownership import Lifeline, lifeline_grace_s, stamp_owner
 from ...result import EgressLogEntry, ExecResult, SandboxInfo
 from ...spec import LABEL_OWNER, EgressPolicy, SandboxSpec
@@ -283,12 +283,21 @@ class DockerSandbox(Sandbox):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> LiveProcess:
-        """A live process streamed through the Docker exec API (live.py), whichever
-        transport runs this sandbox's plain commands."""
+        """A live process (live.py) started through this sandbox's transport, its output
+        streamed through the Docker exec API where the image has python3."""
         self._live()
-        proc = DockerLiveProcess(self._owner.api, self.id, live_argv(argv))
+        proc = DockerLiveProcess(self, self._owner.api, self.id, live_argv(argv), stream=self._follows())
         await proc.start(env, self.resolve(cwd) if cwd else None)
         return proc
+
+    async def attach_live(self, handle: LiveHandle, argv: Sequence[str]) -> LiveProcess:
+        self._live()
+        proc = DockerLiveProcess(self, self._owner.api, self.id, live_argv(argv), stream=self._follows(), handle=handle)
+        await proc.attach()
+        return proc
+
+    def _follows(self) -> bool:
+        return isinstance(self.transport, DockerExecdTransport)  # execd: the image has python3
 
     async def reset(self) -> bool:
         """execd sandboxes only: kill every process but init and execd, empty the
@@ -1065,8 +1074,7 @@ class DockerProvider:
         if spec.egress is not None and box.sock_dir is not None:
             proxy, fwd = self._egress()
             box.egress_src = proxy.lease(name, spec.egress)
-            assert proxy.port is not None
-            fwd.listen(box.sock_dir / EGRESS_SOCKET_NAME, box.egress_src, proxy.port)
+            fwd.listen(box.sock_dir / EGRESS_SOCKET_NAME, box.egress_src)
         self._boxes[cid] = box
         return cid, box
 
