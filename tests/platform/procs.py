@@ -156,7 +156,10 @@ class ActivatedServe:
             try:
                 os.dup2(log_fd, 1)
                 os.dup2(log_fd, 2)
-                os.dup2(self.sock.fileno(), 3)  # inheritable
+                if self.sock.fileno() == 3:
+                    os.set_inheritable(3, True)
+                else:
+                    os.dup2(self.sock.fileno(), 3)  # inheritable
                 env.update(LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
                 os.execve(argv[0], argv, env)
             finally:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from types import ModuleType
@@ -138,7 +140,13 @@ def connect(address: str | None, *, probe_s: float = 10.0) -> ModuleType:
     if not ray.is_initialized():
         if address != "auto" and "://" not in address:
             _probe(address, probe_s)
+        main = threading.current_thread() is threading.main_thread()
+        ours = signal.getsignal(signal.SIGTERM) if main else None
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, include_dashboard=False)
+        if main and callable(ours):
+            # ray.init makes SIGTERM sys.exit(15) (a traceback mid-request); a process that
+            # handles SIGTERM itself (`sandgym serve` drains) keeps its handler.
+            signal.signal(signal.SIGTERM, ours)
     return ray
 
 
