@@ -5,9 +5,12 @@ sandboxes that die (-> ERROR with an error type), and restarts (state in SQLite)
 Restarts. With a state directory every record is a row written before its container exists;
 containers carry `platform.id` (the row), `platform.state` (the state directory) and
 `platform.instance`. Leaving the server detaches from its sandboxes (they keep running, their
-rows stay live); the next server on the same state directory re-adopts every container that
-still runs, marks the rows whose container vanished ERROR (`SANDBOX_LOST`), queues again the
-creates that had not started, and removes containers of its state that no live row claims.
+rows stay live, their live processes run on); the next server on the same state directory
+(after a clean stop, a crash or a re-exec alike) re-adopts every container that still runs
+(its egress plumbing made again, a policy changed since applied, its live processes
+re-attached), marks RUNNING rows whose container vanished ERROR (`SANDBOX_LOST`), makes again
+the creates that had not reached RUNNING (a container half-made by a killed server is removed
+first), and removes containers of its state that no live row claims.
 
 Admission. The host has `max_sandboxes` slots for all tenants. A create past the token's
 quota answers 429; a create that fits the quota but finds the host full waits PENDING with a
@@ -333,33 +336,41 @@ class Service:
                 except Exception as exc:
                     log.warning("cannot adopt %s (%s): %r", rec.id, info.id[:12], exc)
                     await self._remove_quietly(info.id)
-                    self._lost(rec, f"its container could not be re-adopted after a server restart: {exc}")
-                    continue
-                rec.sandbox = self.manager.adopt(inner, age_s=time.time() - rec.created_at.timestamp())
-                self.admission.take(rec.tenant)
-                rec.container_id = info.id
-                self.counters["adopted"] += 1
-                rec.log("re-adopted after a server restart")
-                await self._egress_after_start(rec)
-                for row in rec.live:
-                    await self._reattach(rec, row)
-                rec.live = []
-                if rec.status != "RUNNING":
-                    rec.set_status("RUNNING")
+                    why = f"its container could not be re-adopted after a server restart: {exc}"
                 else:
-                    rec.save()
+                    await self._adopted(rec, inner, info.id)
+                    continue
             elif info is not None:
                 await self._remove_quietly(info.id)
-                self._lost(rec, f"its container was {info.status} when the server restarted")
-            elif rec.status == "RUNNING":
-                self._lost(rec, "its container vanished while the server was down")
-            else:  # accepted but never made: make it now
-                rec.log("server restarted before this sandbox started; queued again")
+                why = f"its container was {info.status} when the server restarted"
+            else:
+                why = "its container vanished while the server was down"
+            if rec.status == "RUNNING":  # its files, processes, network were a client's: lost
+                self._lost(rec, why)
+            else:  # accepted, never handed out: (re)make it now, as a fresh create
+                rec.log(f"server restarted before this sandbox started ({why}); queued again")
                 rec.set_status("PENDING")
                 self.admission.enqueue(rec)
         for info in by_record.values():  # containers of this state no live row claims
             await self._remove_quietly(info.id)
         self._admit()
+
+    async def _adopted(self, rec: Record, inner: Any, container_id: str) -> None:
+        """`rec`'s running container, adopted from an earlier server, is its sandbox again:
+        its slot taken, a changed egress policy applied, its live processes re-attached."""
+        rec.sandbox = self.manager.adopt(inner, age_s=time.time() - rec.created_at.timestamp())
+        self.admission.take(rec.tenant)
+        rec.container_id = container_id
+        self.counters["adopted"] += 1
+        rec.log("re-adopted after a server restart")
+        await self._egress_after_start(rec)
+        for row in rec.live:
+            await self._reattach(rec, row)
+        rec.live = []
+        if rec.status != "RUNNING":
+            rec.set_status("RUNNING")
+        else:
+            rec.save()
 
     async def _reattach(self, rec: Record, row: dict[str, Any]) -> None:
         """Attach to a live process an earlier server started in this sandbox."""
