@@ -168,9 +168,11 @@ class ActivatedServe:
         self.pid, self.starts = pid, self.starts + 1
         return pid
 
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 120.0) -> int:
-        """Signal the server and reap it; its exit status (negative: killed by a signal)."""
+    def send(self, sig: int) -> None:
         os.kill(self.pid, sig)
+
+    def wait(self, timeout_s: float = 120.0) -> int:
+        """Reap the server; its exit status (negative: killed by a signal)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             done, status = os.waitpid(self.pid, os.WNOHANG)
@@ -179,6 +181,11 @@ class ActivatedServe:
                 return os.waitstatus_to_exitcode(status)
             time.sleep(0.05)
         raise AssertionError(f"sandgym serve (pid {self.pid}) did not stop within {timeout_s}s")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 120.0) -> int:
+        """Signal the server and reap it; its exit status."""
+        self.send(sig)
+        return self.wait(timeout_s)
 
     def alive(self) -> bool:
         return self.pid != 0 and os.waitpid(self.pid, os.WNOHANG) == (0, 0)
