@@ -15,7 +15,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import anyio
-from anyio.abc import ObjectSendStream
+from anyio.streams.memory import MemoryObjectSendStream
 
 from sandgym.sandboxes.live import Event, LiveProcess
 
@@ -32,13 +32,13 @@ class Session:
     argv: list[str]
     cwd: str | None
     process: LiveProcess
-    subscribers: set[ObjectSendStream[Event]] = field(default_factory=set)
+    subscribers: set[MemoryObjectSendStream[Event]] = field(default_factory=set)
     exit_code: int | None = None
     ended_at: float | None = None
     seen: set[str] = field(default_factory=set)  # input/signal idempotency keys
     error: str | None = None
 
-    def subscribe(self) -> tuple[ObjectSendStream[Event], AsyncIterator[Event]]:
+    def subscribe(self) -> tuple[MemoryObjectSendStream[Event], AsyncIterator[Event]]:
         send, recv = anyio.create_memory_object_stream[Event](1000)
         if self.ended_at is not None:
             send.send_nowait(("exit", self.exit_code if self.exit_code is not None else -1))
@@ -47,7 +47,7 @@ class Session:
             self.subscribers.add(send)
         return send, recv
 
-    def unsubscribe(self, send: ObjectSendStream[Event]) -> None:
+    def unsubscribe(self, send: MemoryObjectSendStream[Event]) -> None:
         self.subscribers.discard(send)
         send.close()
 

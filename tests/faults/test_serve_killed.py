@@ -39,7 +39,12 @@ from prime_sandboxes import (
 )
 
 from tests.conftest import require_docker
-from tests.platform.procs import ActivatedServe, HostTarget, _docker_containers, wait_healthy
+from tests.platform.procs import (
+    ActivatedServe,
+    HostTarget,
+    _docker_containers,
+    wait_healthy,
+)
 
 KILLS = int(os.environ.get("SANDGYM_SERVE_KILLS", "12"))
 SEED = int(os.environ.get("SANDGYM_FAULT_SEED", "23"))

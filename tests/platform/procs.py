@@ -119,7 +119,7 @@ class ServeProcess:
             return ""
         return self.proc.stdout.read()
 
-    def __enter__(self) -> "ServeProcess":
+    def __enter__(self) -> ServeProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -26,7 +26,14 @@ import pytest
 from prime_sandboxes import AsyncSandboxClient, CreateSandboxRequest
 
 from .conftest import IMAGE, backend
-from .procs import ActivatedServe, HostTarget, ServeProcess, _docker_containers, no_python_image, wait_healthy
+from .procs import (
+    ActivatedServe,
+    HostTarget,
+    ServeProcess,
+    _docker_containers,
+    no_python_image,
+    wait_healthy,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -50,6 +57,18 @@ def _why_not(profile: str) -> str | None:
     finally:
         provider.client.close()
     return None
+
+
+def _left_after_deletes(state: Path) -> list[str]:
+    """Containers of the state still there a while after every delete (then removed)."""
+    for _ in range(120):
+        if not _docker_containers(f"platform.state={state.resolve()}"):
+            break
+        time.sleep(0.25)
+    leftover = _docker_containers(f"platform.state={state.resolve()}")
+    if leftover:
+        subprocess.run(["docker", "rm", "-f", *leftover], capture_output=True)
+    return leftover
 
 
 def _expected(kind: str, target: HostTarget) -> str | None:
@@ -176,13 +195,7 @@ async def test_every_kind_survives_every_restart(
             assert await anyio.to_thread.run_sync(server.stop, signal.SIGTERM) == 0
         server.close()
         target.close()
-        for _ in range(120):
-            if not _docker_containers(f"platform.state={state.resolve()}"):
-                break
-            time.sleep(0.25)
-        leftover = _docker_containers(f"platform.state={state.resolve()}")
-        if leftover:
-            subprocess.run(["docker", "rm", "-f", *leftover], capture_output=True)
+        leftover = await anyio.to_thread.run_sync(_left_after_deletes, state)
         assert leftover == [], "sandboxes left after their deletes"
 
 

@@ -33,7 +33,13 @@ from sandgym.core.testing import MockOpenAIServer, Reply
 
 from .clienvs import cached_venv
 from .conftest import IMAGE, backend
-from .procs import ActivatedServe, HostTarget, _docker_containers, _free_port, wait_healthy
+from .procs import (
+    ActivatedServe,
+    HostTarget,
+    _docker_containers,
+    _free_port,
+    wait_healthy,
+)
 from .test_verifiers import FIXTURE, _engine_can_run_vm_with_egress, _stand_in
 
 TOKEN = "unnoticed-" + uuid.uuid4().hex[:8]
@@ -110,7 +116,7 @@ def test_sdk_does_not_notice_a_sigterm_restart_or_a_sighup_reexec(tmp_path: Path
                 time.sleep(0.1)
             before = _execs(server.url)
             flight: dict[str, object] = {}
-            t = threading.Thread(target=lambda: flight.update(r=c.execute_command(ids[0], "sleep 2; echo survived")))
+            t = threading.Thread(target=lambda f=flight: f.update(r=c.execute_command(ids[0], "sleep 2; echo survived")))
             t.start()
             while _execs(server.url) == before:  # the exec has reached the server
                 time.sleep(0.05)
@@ -118,13 +124,13 @@ def test_sdk_does_not_notice_a_sigterm_restart_or_a_sighup_reexec(tmp_path: Path
             if sig == signal.SIGTERM:
                 server.send(sig)
                 # A new client connecting while the server drains, stops and starts again.
-                probe = threading.Thread(target=lambda: fresh.update(s=_client(server.url).get(ids[1]).status))
+                probe = threading.Thread(target=lambda f=fresh: f.update(s=_client(server.url).get(ids[1]).status))
                 probe.start()
                 assert server.wait() == 0  # drained: the exec in flight finished first
                 server.start()  # systemd's part: start the service again, the socket still open
             else:
                 server.send(sig)
-                probe = threading.Thread(target=lambda: fresh.update(s=_client(server.url).get(ids[1]).status))
+                probe = threading.Thread(target=lambda f=fresh: f.update(s=_client(server.url).get(ids[1]).status))
                 probe.start()
             t.join(180)
             probe.join(180)

@@ -102,11 +102,8 @@ class DockerLiveProcess(ShellLiveProcess):
         reader = threading.Thread(target=self._read, args=(loop, queue, first), name="sandgym-live", daemon=True)
         reader.start()
         try:
-            while True:
-                ev = await queue.get()
-                if ev is None:
-                    break
-                yield ev
+            while (item := await queue.get()) is not None:
+                yield item
         finally:
             self.close_stream()  # a driver that stops following (cancelled) leaves no reader
         code = -1
