@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
         max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="Largest request body, MiB (413 past it); uploads have --max-upload-mb.")] = 16.0,
         max_upload_mb: Annotated[float, typer.Option("--max-upload-mb", help="Largest file upload, MiB.")] = 256.0,
         output_limit_mb: Annotated[float, typer.Option("--output-limit-mb", help="A command's stdout and stderr are each cut past this, MiB (and flagged truncated).")] = 16.0,
-        drain_timeout: Annotated[Optional[float], typer.Option("--drain-timeout", help="On SIGTERM/SIGINT (stop) or SIGHUP (re-exec in place, keeping the socket): let in-flight requests finish this long, seconds (default 20); new connections wait in the backlog meanwhile.")] = None,
+        drain_timeout: Annotated[Optional[float], typer.Option("--drain-timeout", help="On SIGTERM/SIGINT (stop) or SIGHUP (re-exec in place, keeping the socket): let in-flight requests, then the sandboxes' egress transfers, finish this long, seconds (default 20); new connections wait in the backlog meanwhile.")] = None,
         log_level: Annotated[str, typer.Option("--log-level")] = "info",
     ) -> None:
         """Serve sandboxes to the unmodified prime-sandboxes SDK: clients set
@@ -131,6 +131,11 @@ def register(app: typer.Typer) -> None:
             # Each node's agent keeps its own hard cap; this server caps the whole fleet.
             provider_options = {"address": ray, "max_sandboxes": max_sandboxes, "agent_provider": provider}
             provider = "ray"
+        if drain_timeout is None:
+            drain_timeout = runner.DEFAULT_DRAIN_S
+        if drain_timeout < 0:
+            err.print(f"[red]--drain-timeout must be >= 0 seconds, got {drain_timeout}[/]")
+            raise typer.Exit(2)
         config = ServerConfig(
             tokens=tokens,
             provider=provider,
@@ -149,12 +154,8 @@ def register(app: typer.Typer) -> None:
             max_upload_bytes=int(max_upload_mb * (1 << 20)),
             output_limit_bytes=max(1024, int(output_limit_mb * (1 << 20))),
             provider_options=provider_options,
+            drain_s=drain_timeout,
         )
-        if drain_timeout is None:
-            drain_timeout = runner.DEFAULT_DRAIN_S
-        if drain_timeout < 0:
-            err.print(f"[red]--drain-timeout must be >= 0 seconds, got {drain_timeout}[/]")
-            raise typer.Exit(2)
         try:
             sock = sockets.inherited_socket()
         except sockets.ActivationError as exc:

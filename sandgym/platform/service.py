@@ -129,6 +129,7 @@ class ServerConfig:
     image_pull: Literal["missing", "never", "always"] | None = None
     max_body_bytes: int = 16 << 20  # control plane and Connect requests (413 past it)
     max_upload_bytes: int = 256 << 20  # gateway file uploads
+    drain_s: float = 20.0  # a stop or re-exec waits this long for in-flight work (runner.py)
 
     def default_quota(self) -> int:
         """Below the host cap as soon as two tokens share it, so one tenant never fills it."""
@@ -226,6 +227,7 @@ class Service:
         self._tg: TaskGroup | None = None
         self.stopping = False
         self.draining = False
+        self._drain_until = 0.0
         self.started_mono = time.monotonic()
         self.counters = {"created": 0, "create_errors": 0, "deleted": 0, "reaped": 0, "execs": 0, "died": 0, "adopted": 0}
 
@@ -256,6 +258,16 @@ class Service:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        drain_egress = getattr(self.manager.provider, "drain_egress", None)
+        if self.draining and self.detaching and drain_egress is not None:
+            # Requests are done; downloads the sandboxes have under way finish too (the rest
+            # of the drain's bound, at least a second) before the egress path goes.
+            try:
+                busy = await drain_egress(max(1.0, self._drain_until - time.monotonic()))
+                if busy:
+                    log.warning("egress: %d transfers still running at the end of the drain are cut", busy)
+            except Exception as exc:
+                log.warning("draining egress failed: %r", exc)
         self.stopping = True
         try:
             if self._tg is not None:
@@ -276,6 +288,7 @@ class Service:
         live processes now (they would hold the drain to its bound); their clients re-attach
         to the next server on this state."""
         self.draining = True
+        self._drain_until = time.monotonic() + self.config.drain_s
         for rec in self.store.all():
             if rec.sessions is not None:
                 rec.sessions.detach_all()

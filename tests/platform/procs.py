@@ -206,12 +206,22 @@ class HostTarget:
     host.sandgym.internal reaches through `sandgym serve --egress-host-port PORT`."""
 
     BODY = b"host-target-ok"
+    SLOW_CHUNKS = 40
 
     def __init__(self) -> None:
         body = self.BODY
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                if self.path.startswith("/slow"):  # SLOW_CHUNKS KiB over SLOW_CHUNKS/10 seconds
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(HostTarget.SLOW_CHUNKS * 1024))
+                    self.end_headers()
+                    for _ in range(HostTarget.SLOW_CHUNKS):
+                        self.wfile.write(b"x" * 1024)
+                        self.wfile.flush()
+                        time.sleep(0.1)
+                    return
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -233,6 +243,12 @@ class HostTarget:
             "except e.HTTPError as x: print('refused', x.code)\n"
             "except Exception as x: print('unreachable', type(x).__name__)\""
         )
+
+    def slow_download_command(self, out: str) -> str:
+        """Start, in the background, a download of /slow into `out` (`out.done` when whole)."""
+        url = f"http://host.sandgym.internal:{self.port}/slow"
+        script = f"import urllib.request as u; d = u.urlopen('{url}', timeout=60).read(); open('{out}', 'wb').write(d)"
+        return f"(python3 -c \"{script}\" && touch {out}.done) > {out}.log 2>&1 &"
 
     def close(self) -> None:
         self.server.shutdown()

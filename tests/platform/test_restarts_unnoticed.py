@@ -121,6 +121,8 @@ def test_sdk_does_not_notice_a_sigterm_restart_or_a_sighup_reexec(tmp_path: Path
             while _execs(server.url) == before:  # the exec has reached the server
                 time.sleep(0.05)
             fresh: dict[str, object] = {}
+            # A download under way in a sandbox at the signal (through its allow-list).
+            c.execute_command(ids[2], target.slow_download_command(f"/workspace/slow-{sig.name}"))
             if sig == signal.SIGTERM:
                 server.send(sig)
                 # A new client connecting while the server drains, stops and starts again.
@@ -138,6 +140,10 @@ def test_sdk_does_not_notice_a_sigterm_restart_or_a_sighup_reexec(tmp_path: Path
             res = flight.get("r")
             assert res is not None and getattr(res, "stdout", None) == "survived\n", (sig, flight, failures)
             assert fresh.get("s") == "RUNNING", (sig, fresh)
+            out = f"/workspace/slow-{sig.name}"
+            r = c.execute_command(ids[2], f"for i in $(seq 300); do [ -e {out}.done ] && break; sleep 0.2; done; "
+                                          f"stat -c %s {out}; cat {out}.log", timeout=120)
+            assert r.stdout.split("\n")[0] == str(HostTarget.SLOW_CHUNKS * 1024), (sig, r)  # finished whole
             done.clear()
         while len(done) < 3 and not failures:  # the load goes on after the re-exec
             time.sleep(0.1)

@@ -1150,6 +1150,15 @@ class DockerProvider:
     async def remove(self, sandbox_id: str) -> None:
         await self._run(self._remove_blocking, sandbox_id)
 
+    async def drain_egress(self, timeout_s: float) -> int:
+        """Before leaving its sandboxes to another process: stop taking their new egress
+        connections (their relays wait for the next listener) and let transfers in progress
+        finish, up to `timeout_s`. Returns how many were still busy."""
+        fwd = self._forwarder
+        if fwd is None:
+            return 0
+        return await self._run(fwd.drain, timeout_s)
+
     async def aclose(self) -> None:
         self._watcher.close()
         with self._egress_lock:
