@@ -19,11 +19,15 @@ restarts clients do not notice.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import signal
 import socket
+import sys
+import termios
 import threading
 from collections.abc import Callable, Generator
 from types import FrameType
@@ -101,7 +105,40 @@ class PlatformServer(uvicorn.Server):
         )
         if self._on_drain is not None:
             self._on_drain()
+        for server in self.servers:
+            server.close()  # stop accepting; what arrives from now on waits in the backlog
+        await self._start_arrived_requests()
         await super().shutdown(sockets=sockets)
+
+    async def _start_arrived_requests(self, bound_s: float = 1.0) -> None:
+        """uvicorn closes every connection without a request in progress at once; one that
+        was just accepted, or kept alive, may already hold a request not yet read (its client
+        would see a reset). Wait (briefly) until no idle connection has unread bytes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + bound_s
+        await asyncio.sleep(0.05)  # connections accepted just before the stop get their protocol
+        while loop.time() < deadline:
+            if not any(_idle(c) and _unread(c) for c in list(self.server_state.connections)):
+                return
+            await asyncio.sleep(0.01)
+
+
+def _idle(connection: object) -> bool:
+    cycle = getattr(connection, "cycle", None)
+    return cycle is None or bool(getattr(cycle, "response_complete", False))
+
+
+def _unread(connection: object) -> bool:
+    """Whether the connection's socket holds bytes nobody has read yet (FIONREAD)."""
+    transport = getattr(connection, "transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return False
+    try:
+        pending = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except OSError:
+        return False
+    return int.from_bytes(pending, sys.byteorder, signed=True) > 0
 
 
 def serve(

@@ -70,6 +70,21 @@ def uptime(url: str, token: str) -> float:
     return float(r.json()["uptime_s"])
 
 
+def sighup_and_wait_reexec(pid: int, url: str, token: str, timeout_s: float = 120.0) -> None:
+    """SIGHUP the server (re-exec in place, same pid) and wait until an image started after
+    the signal answers (its requests wait in the backlog meanwhile)."""
+    while uptime(url, token) < 1.0:  # so the old image's start is clearly before the signal
+        time.sleep(0.1)
+    sent = time.time()
+    os.kill(pid, signal.SIGHUP)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if time.time() - uptime(url, token) > sent:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"sandgym serve (pid {pid}) did not re-exec within {timeout_s}s")
+
+
 class ServeProcess:
     """`python -m sandgym serve` as a child process on a free port."""
 
@@ -104,15 +119,7 @@ class ServeProcess:
 
     def reexec(self, token: str) -> None:
         """SIGHUP (re-exec in place, same pid), and wait until the new image serves."""
-        before = uptime(self.url, token)
-        self.proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.output()
-            if uptime(self.url, token) < before:  # waits in the backlog while it restarts
-                return
-            time.sleep(0.1)
-        raise AssertionError("sandgym serve did not re-exec")
+        sighup_and_wait_reexec(self.proc.pid, self.url, token)
 
     def output(self) -> str:
         if self.proc.poll() is None or self.proc.stdout is None:

@@ -12,13 +12,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from .procs import ROOT, _free_port, serve_env, uptime, wait_healthy
+from .procs import ROOT, _free_port, serve_env, sighup_and_wait_reexec, wait_healthy
 
 UNITS = ROOT / "deploy" / "systemd"
 INSTALLED_CLI = "/opt/sandgym/venv/bin/sandgym"
@@ -76,13 +75,8 @@ def test_service_command_under_socket_activation(tmp_path: Path, isolated_home: 
     proc = subprocess.Popen([activate, "-l", f"127.0.0.1:{port}", *argv], stdout=log, stderr=subprocess.STDOUT, env=serve_env())
     try:
         wait_healthy(url, lambda: proc.poll() is None)
-        first = uptime(url, token)
-        proc.send_signal(signal.SIGHUP)  # ExecReload
-        deadline = time.monotonic() + 120
-        while uptime(url, token) >= first and time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
-            time.sleep(0.1)
-        assert uptime(url, token) < first, "no re-exec"
+        sighup_and_wait_reexec(proc.pid, url, token)  # ExecReload
+        assert proc.poll() is None, (tmp_path / "serve.log").read_text()
         assert httpx.get(f"{url}/api/v1/sandbox", headers={"Authorization": f"Bearer {token}"}, timeout=60).status_code == 200
         proc.send_signal(signal.SIGTERM)  # KillSignal
         assert proc.wait(120) == 0, (tmp_path / "serve.log").read_text()
