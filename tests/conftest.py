@@ -167,6 +167,7 @@ CAPABILITIES: dict[str, tuple[Callable[[], str | None], bool]] = {
     "htpasswd": (lambda: _binary("htpasswd", "apache2-utils"), True),
     "bwrap": (_bwrap, True),
     "nsenter": (lambda: _binary("nsenter", "util-linux"), True),
+    "systemd": (lambda: _binary("systemd-analyze", "systemd") or _binary("systemd-socket-activate", "systemd"), True),
     "ray": (_package("ray", "pip install -e '.[ray]'"), True),
     "torch": (_package("torch", "pip install -e '.[train]'"), True),
     "swebench": (_package("swebench", "pip install -e '.[swe]'"), True),

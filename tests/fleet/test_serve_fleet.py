@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
+
+from tests.conftest import require
 
 from .conftest import node_containers
 
@@ -27,7 +28,7 @@ def _free_port() -> int:
 
 
 def test_serve_fronts_the_fleet(cluster: Any, tmp_path: Path) -> None:
-    pytest.importorskip("prime_sandboxes")
+    require("prime_sandboxes")
     from prime_sandboxes import APIClient, CreateSandboxRequest, SandboxClient
 
     port = _free_port()
@@ -99,7 +100,7 @@ def test_serve_fleet_keeps_its_sandboxes_across_restarts(cluster: Any, tmp_path:
     """`serve --ray --state-dir` stops (SIGINT, then SIGTERM: exit 0, no traceback) and starts
     again on the same state: its sandboxes stay RUNNING on their nodes with their files, as
     on a single host; deleted, they leave nothing on the nodes."""
-    pytest.importorskip("prime_sandboxes")
+    require("prime_sandboxes")
     from prime_sandboxes import APIClient, CreateSandboxRequest, SandboxClient
 
     port, state = _free_port(), tmp_path / "state"

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 import httpx
-import pytest
+
+from tests.conftest import require
 
 from .procs import ROOT, _free_port, serve_env, sighup_and_wait_reexec, wait_healthy
 
@@ -36,9 +37,9 @@ def _unit(name: str) -> dict[str, list[str]]:
 
 
 def test_units_verify(tmp_path: Path) -> None:
+    require("systemd")
     analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed (apt-get install systemd)")
+    assert analyze is not None
     fake = tmp_path / "sandgym"
     fake.write_text("#!/bin/sh\nexit 0\n")
     fake.chmod(0o755)
@@ -53,9 +54,9 @@ def test_units_verify(tmp_path: Path) -> None:
 
 
 def test_service_command_under_socket_activation(tmp_path: Path, isolated_home: str) -> None:
+    require("systemd")
     activate = shutil.which("systemd-socket-activate")
-    if activate is None:
-        pytest.skip("systemd-socket-activate is not installed (apt-get install systemd)")
+    assert activate is not None
     env_vars = dict(
         line.split("=", 1) for line in (ROOT / "deploy" / "serve.env.example").read_text().splitlines()
         if line and not line.startswith("#")

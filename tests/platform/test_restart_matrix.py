@@ -25,7 +25,9 @@ import anyio
 import pytest
 from prime_sandboxes import AsyncSandboxClient, CreateSandboxRequest
 
-from .conftest import IMAGE, backend
+from tests.conftest import require
+
+from .conftest import IMAGE, need_docker_backend
 from .procs import (
     ActivatedServe,
     HostTarget,
@@ -40,23 +42,6 @@ pytestmark = pytest.mark.anyio
 TOKEN = "matrix-" + uuid.uuid4().hex[:8]
 HOST = "host.sandgym.internal"
 LIVE_CMD = "while read l; do echo got:$l:$$; done"
-
-
-def _why_not(profile: str) -> str | None:
-    if backend() != "docker":
-        return "re-adoption needs the docker provider (only containers outlive the server)"
-    from sandgym.sandboxes.errors import SpecError
-    from sandgym.sandboxes.providers.docker.provider import DockerProvider
-    from sandgym.sandboxes.spec import EgressPolicy, SandboxSpec
-
-    provider = DockerProvider()
-    try:
-        provider.check(SandboxSpec(profile=profile, memory_mb=512, disk_mb=128, egress=EgressPolicy.nothing()))  # type: ignore[arg-type]
-    except SpecError as exc:
-        return f"this engine cannot run {profile} sandboxes with egress: {exc}"
-    finally:
-        provider.client.close()
-    return None
 
 
 def _left_after_deletes(state: Path) -> list[str]:
@@ -96,9 +81,8 @@ async def _wait_line(stream: object, want: bytes, seen: bytearray, timeout_s: fl
 async def test_every_kind_survives_every_restart(
     profile: str, tmp_path: Path, isolated_home: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    why = _why_not(profile)
-    if why:
-        pytest.skip(why)
+    need_docker_backend("re-adoption (only containers outlive the server)")
+    require("egress", *(["vm"] if profile == "vm" else []))
     target = HostTarget()
     state = tmp_path / "state"
     server = ActivatedServe(
@@ -202,8 +186,7 @@ async def test_every_kind_survives_every_restart(
 def test_ephemeral_server_sandboxes_go_with_a_killed_server(tmp_path: Path, isolated_home: str) -> None:
     """Without state, the server's sandboxes are its process's (owner lifeline): a kill -9
     of the server ends them, with no server left to clean up."""
-    if backend() != "docker":
-        pytest.skip("the owner lifeline is tested here on containers")
+    need_docker_backend("the owner lifeline, tested here on containers")
     srv = ServeProcess("--token", TOKEN, "--ephemeral", "--max-sandboxes", "2")
     try:
         c = srv.client(TOKEN)

@@ -14,7 +14,6 @@ import anyio
 import pytest
 
 from sandgym.sandboxes import ManagedSandbox, SandboxManager, SandboxSpec
-from sandgym.sandboxes.errors import SpecError
 from sandgym.sandboxes.execd import ExecdLiveProcess, ExecdRequestError
 from sandgym.sandboxes.live import LiveHandle, LiveProcess, ShellLiveProcess
 from sandgym.sandboxes.providers.docker import DockerProvider
@@ -234,13 +233,9 @@ async def test_execd_start_failure_is_an_error(sandbox: ManagedSandbox, argv: li
 
 async def test_execd_live_process_under_gvisor() -> None:
     """The vm profile (gVisor, whose 2022 kernel lacks pidfd_open: execd polls for the exit)."""
-    require("docker")
+    require("docker", "vm")
     provider = DockerProvider()
     vm = SPEC.model_copy(update={"profile": "vm"})
-    try:
-        provider.check(vm)
-    except SpecError as exc:
-        pytest.skip(f"profile vm is unavailable here: {exc}")
     async with SandboxManager(provider, max_sandboxes=1) as mgr:
         sb = await mgr.acquire(vm)
         try:
