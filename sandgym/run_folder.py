@@ -45,8 +45,10 @@ from .errors import UserError
 META = "meta.json"
 RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
-# SWE runs wrote their meta as run.json before run folders were one module: still read.
+# Before run folders were one module, SWE runs wrote their meta as run.json and `sandgym swe
+# validate` its summary as validation.json: still read (a resume reads the meta; the viewer both).
 OLD_META = ("run.json",)
+OLD_SUMMARY = ("validation.json",)
 
 KeyFn = Callable[[Mapping[str, Any]], Hashable]
 
@@ -89,6 +91,30 @@ def as_json(doc: Mapping[str, Any]) -> dict[str, Any]:
     """`doc` as it reads back from a JSON file (tuples become lists, paths strings)."""
     out: dict[str, Any] = json.loads(json.dumps(dict(doc), default=str))
     return out
+
+
+def _read_doc(root: Path, names: Iterable[str]) -> dict[str, Any] | None:
+    """The first of `names` in `root` that holds a JSON object (None: none does)."""
+    for name in names:
+        try:
+            doc = json.loads((root / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict):
+            return doc
+    return None
+
+
+def read_meta(root: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The meta of the run a folder holds: meta.json, else an older SWE run's run.json (None:
+    no readable meta)."""
+    return _read_doc(Path(root), (META, *OLD_META))
+
+
+def read_summary(root: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The summary of a run that ended: summary.json, else an older SWE validation's
+    validation.json (None: none readable; a run still going, or killed, has none yet)."""
+    return _read_doc(Path(root), (SUMMARY, *OLD_SUMMARY))
 
 
 def read_records(path: Path, key: KeyFn) -> tuple[dict[Hashable, dict[str, Any]], dict[Hashable, str], bool]:
@@ -191,14 +217,7 @@ class RunFolder:
 
     def previous_meta(self) -> dict[str, Any] | None:
         """The meta of the run this folder holds (None: no readable meta)."""
-        for name in (META, *OLD_META):
-            try:
-                doc = json.loads((self.root / name).read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(doc, dict):
-                return doc
-        return None
+        return read_meta(self.root)
 
     def holds_run(self) -> bool:
         """The folder holds a run's records (a meta alone is a run that never recorded one:
@@ -280,7 +299,11 @@ class RunFolder:
     # ---- files -------------------------------------------------------------------------
 
     def write_file(self, relpath: str | os.PathLike[str], text: str) -> Path:
-        path = self.root / relpath
+        """Write `relpath`, a path relative to the folder, whole or not at all."""
+        rel = Path(relpath)
+        if rel.is_absolute() or ".." in rel.parts:
+            raise ValueError(f"not a path inside the run folder: {relpath}")
+        path = self.root / rel
         write_file(path, text)
         return path
 

@@ -187,7 +187,7 @@ def register(app: typer.Typer) -> None:
         from sandgym.cli.errors import check_provider
         from sandgym.errors import UnknownNameError
         from sandgym.swe.debug import IMAGE_SOURCES, summary
-        from sandgym.swe.store import RunStore
+        from sandgym.swe.store import DEBUG, RunStore
 
         if step not in STEPS:
             raise UnknownNameError(f"unknown step {step!r}; choose one of {', '.join(STEPS)}")
@@ -199,7 +199,7 @@ def register(app: typer.Typer) -> None:
         task_list = _load(tasks, instance, split)
         run_dir = _run_dir("debug", output, resume, step)
         store = RunStore(run_dir)
-        store.start({"kind": "debug", "step": step, "tasks": tasks, "instances": len(task_list),
+        store.start({"kind": DEBUG, "step": step, "tasks": tasks, "instances": len(task_list),
                      "image_source": image_source, "registry": registry, "argv": sys.argv[1:]}, resume=resume is not None)
         done = store.finished(t.instance_id for t in task_list)
         if retry_infra:
@@ -265,13 +265,13 @@ def register(app: typer.Typer) -> None:
         import anyio
         from rich.text import Text
 
-        from sandgym.swe.store import RunStore
+        from sandgym.swe.store import VALIDATE, RunStore
         from sandgym.swe.validate import validation_summary
 
         task_list = _load(tasks, instance, split)
         run_dir = _run_dir("validate", output, resume, "gold+none")
         store = RunStore(run_dir)
-        store.start({"kind": "validate", "step": "gold+none", "runs": runs, "tasks": tasks, "argv": sys.argv[1:]},
+        store.start({"kind": VALIDATE, "step": "gold+none", "runs": runs, "tasks": tasks, "argv": sys.argv[1:]},
                     resume=resume is not None)
         t0 = time.perf_counter()
         try:

@@ -53,6 +53,7 @@ def register(app: typer.Typer) -> None:
         from sandgym.errors import UserError
         from sandgym.train.config import TrainConfig
         from sandgym.train.distributed import launch, torchrun_env, train_rank
+        from sandgym.train.folder import METRICS
         from sandgym.train.loss import ConfigError
         from sandgym.train.trainer import Trainer
 
@@ -104,7 +105,7 @@ def register(app: typer.Typer) -> None:
                 f"nproc={world} (FSDP2) steps={cfg.optim.steps} out={cfg.output.dir}"
             )
             launch(cfg, world, on_step=show_step)
-            console.print(f"done: metrics {Path(cfg.output.dir) / 'metrics.jsonl'}")
+            console.print(f"done: metrics {Path(cfg.output.dir) / METRICS}")
             return
         trainer = Trainer(cfg, on_step=show_step)
         console.print(

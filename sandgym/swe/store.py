@@ -31,7 +31,13 @@ from typing import Any
 from sandgym.run_folder import RESULTS, RunFolder, read_records, unit_key
 
 RESULT = "result.json"
-# What makes two SWE runs' results comparable (besides their kind, debug or validate).
+DIFF = "applied.diff"
+LOG_SUFFIX = ".log"
+# The kinds of SWE run (meta.json's "kind"): `sandgym swe debug` and `sandgym swe validate`.
+DEBUG = "debug"
+VALIDATE = "validate"
+KINDS = (DEBUG, VALIDATE)
+# What makes two SWE runs' results comparable (besides their kind).
 SWE_IDENTITY = ("step",)
 
 
@@ -58,7 +64,10 @@ class RunStore:
     def start(self, meta: Mapping[str, Any], *, resume: bool = False) -> dict[str, Any]:
         """Open the folder for a run of `meta["kind"]` (debug, validate): a fresh one, or with
         `resume` the one it holds (the same kind and step; sandgym.run_folder's rules)."""
-        self.folder = RunFolder(self.root, kind=str(meta["kind"]), identity=SWE_IDENTITY, key=unit_key)
+        kind = str(meta["kind"])
+        if kind not in KINDS:
+            raise ValueError(f"a SWE run is one of {', '.join(KINDS)}, not {kind!r}")
+        self.folder = RunFolder(self.root, kind=kind, identity=SWE_IDENTITY, key=unit_key)
         return self.folder.open({k: v for k, v in meta.items() if k != "kind"}, resume=resume)
 
     def _open(self) -> RunFolder:
@@ -71,14 +80,14 @@ class RunStore:
 
     def save(self, key: str, result: dict[str, Any], logs: Mapping[str, str], diff: str | None = None) -> Path:
         folder = self._open()
-        d = self.dir_for(key)
+        rel = Path(safe_name(key))  # inside the folder: RunFolder.write_file takes paths relative to it
         for name, text in logs.items():
-            folder.write_file(d / f"{safe_name(name)}.log", text)
+            folder.write_file(rel / f"{safe_name(name)}{LOG_SUFFIX}", text)
         if diff is not None:
-            folder.write_file(d / "applied.diff", diff)
-        folder.write_file(d / RESULT, json.dumps(result, indent=2) + "\n")
+            folder.write_file(rel / DIFF, diff)
+        folder.write_file(rel / RESULT, json.dumps(result, indent=2) + "\n")
         folder.append({"key": key, **{k: v for k, v in result.items() if k not in ("tests", "applied_diff")}}, replace=True)
-        return d
+        return self.dir_for(key)
 
     def _recorded(self) -> set[Any]:
         if self.folder is not None and self.folder.is_open:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from sandgym.errors import UserError
+from sandgym.train.folder import CHECKPOINTS
 
 STATE_FILE = "trainer_state.pt"
 
@@ -24,7 +25,7 @@ def find_checkpoint(path: str | Path) -> Path:
     p = Path(path)
     if (p / STATE_FILE).is_file():
         return p
-    for root in (p / "checkpoints", p):
+    for root in (p / CHECKPOINTS, p):
         found = sorted(c for c in root.glob("step_*") if (c / STATE_FILE).is_file())
         if found:
             return found[-1]

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sandgym.errors import UserError
 from sandgym.train.batch import MicroBatch, Sequence, pack
 from sandgym.train.config import ModelConfig, load_toml, resolve_model_paths
+from sandgym.train.folder import CHECKPOINTS, CONFIG, METRICS
 from sandgym.train.logprobs import packed_logprobs, pick_head_kernel
 
 log = logging.getLogger(__name__)
@@ -220,7 +221,7 @@ class SFTTrainer:
         }
 
     def save_checkpoint(self) -> Path:
-        root = self.out / "checkpoints"
+        root = self.out / CHECKPOINTS
         root.mkdir(parents=True, exist_ok=True)
         final = root / f"step_{self.step:06d}"
         tmp = root / f".tmp_step_{self.step:06d}"
@@ -244,8 +245,8 @@ class SFTTrainer:
 
     def run(self) -> list[dict[str, float]]:
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.json").write_text(json.dumps(self.cfg.model_dump(mode="json"), indent=2) + "\n")
-        metrics = self.out / "metrics.jsonl"
+        (self.out / CONFIG).write_text(json.dumps(self.cfg.model_dump(mode="json"), indent=2) + "\n")
+        metrics = self.out / METRICS
         metrics.write_text("")  # a fresh run (SFT runs are short; no resume)
         history = []
         with metrics.open("a") as f:

@@ -52,6 +52,7 @@ from sandgym.train.backends.base import InferenceBackend
 from sandgym.train.batch import PrefixMismatchError, Sequence, states_to_sequences
 from sandgym.train.config import TrainConfig
 from sandgym.train.distributed import SINGLE, Dist, rank_device
+from sandgym.train.folder import CHECKPOINTS, CONFIG, METRICS, PLOT, SAMPLES
 from sandgym.train.loss import ConfigError
 from sandgym.train.pipeline import ReadyGroup, RolloutPipeline
 from sandgym.train.policy import PolicyTrainer, autocast_dtype
@@ -162,12 +163,12 @@ class Trainer:
         self.dist = dist
         self.out = Path(cfg.output.dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.metrics_path = self.out / "metrics.jsonl"
-        self.samples_path = self.out / "samples.jsonl"
-        self.plot_path = self.out / "reward_loss.png"
+        self.metrics_path = self.out / METRICS
+        self.samples_path = self.out / SAMPLES
+        self.plot_path = self.out / PLOT
         self._samples: list[State] = []
         if dist.is_main:
-            (self.out / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
+            (self.out / CONFIG).write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
         torch.manual_seed(cfg.optim.seed)
         random.seed(cfg.optim.seed)
         self.device = rank_device(cfg.model.device, dist)
@@ -193,7 +194,7 @@ class Trainer:
     # ---- checkpoints ---------------------------------------------------------------------
 
     def checkpoint_dir(self) -> Path:
-        return self.out / "checkpoints"
+        return self.out / CHECKPOINTS
 
     def save_checkpoint(self) -> Path | None:
         """Every rank takes part (the state is gathered); rank 0 writes. Returns the folder

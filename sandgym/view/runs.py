@@ -1,19 +1,21 @@
-"""What a run folder holds, read for the viewer. Everything the viewer knows about the files
-that `sandgym eval`, `sandgym swe debug/validate`, `sandgym train` and `sandgym sft` write
-is in this module (names, layouts, which file says what), so a change in how run folders
-are written is a change here only.
+"""What a run folder holds, read for the viewer. The names and the reading rules are the
+writers' own, imported: sandgym.run_folder (meta.json, results.jsonl, summary.json of eval,
+Ray eval and SWE runs: `read_meta`, `read_records`, `read_summary`), sandgym.swe.store (a SWE
+run's instance folders and kinds) and sandgym.train.folder (a training run's files). This
+module knows only what the viewer makes of them:
 
-    eval / BFCL       meta.json, results.jsonl (one rollout record a line), summary.json (at the end)
-    SWE debug         run.json (kind debug), results.jsonl (one summary line per instance, with
-                      "key"), <instance>/result.json, <instance>/*.log, <instance>/applied.diff,
-                      summary.json (at the end)
-    SWE validate      the same with kind validate and keys <instance>/<step>-<k>; validation.json
-    train (GRPO)      config.json, metrics.jsonl (a line per step), samples.jsonl (rollouts of
-                      each step, with "step"), reward_loss.png, checkpoints/
-    SFT               config.json (with a `data` section), metrics.jsonl, checkpoints/
+    eval / BFCL       a meta whose kind is not a SWE kind ("eval"; older evals: none), a
+                      rollout record a line, the summary at the end (before it: computed
+                      from the records); BFCL: an env named bfcl_*
+    SWE debug/validate  a meta of kind debug or validate (older SWE runs: run.json), an
+                      instance a line (keyed; the last line of a key wins: an instance run
+                      again supersedes its line), <instance>/result.json, *.log, applied.diff,
+                      the summary at the end (older validations: validation.json)
+    train (GRPO)      config.json, metrics.jsonl (a line per step), samples.jsonl
+    SFT               the same with a `data` section in config.json, and no samples
 
-A folder is a run when it holds one of those marker files; `discover` walks the folders it
-is given for them. Each kind is a `Run` (one protocol, several implementations).
+A folder is a run when it holds a meta, a results file or a metrics file; `Registry` walks
+the folders it is given for them. Each kind is a `Run` (one protocol, several implementations).
 """
 
 from __future__ import annotations
@@ -30,21 +32,13 @@ from typing import Any, Protocol
 
 from sandgym.core.evaluation import summarize
 from sandgym.core.sandbox_env import exec_flags
-from sandgym.swe.store import safe_name
+from sandgym.run_folder import OLD_SUMMARY, RESULTS, SUMMARY, read_meta, read_records, read_summary, unit_key
+from sandgym.swe.store import DIFF, LOG_SUFFIX, RESULT, VALIDATE, safe_name
+from sandgym.swe.store import KINDS as SWE_KINDS
+from sandgym.train.folder import CONFIG, METRICS, SAMPLES
 
 from .index import JsonlIndex
 from .paths import confine
-
-RESULTS = "results.jsonl"
-META = "meta.json"
-SUMMARY = "summary.json"
-SWE_RUN = "run.json"
-SWE_RESULT = "result.json"
-SWE_DIFF = "applied.diff"
-SWE_VALIDATION = "validation.json"
-METRICS = "metrics.jsonl"
-SAMPLES = "samples.jsonl"
-CONFIG = "config.json"
 
 LIVE_WINDOW_S = 120.0  # a run without its closing summary, written to this recently, is running
 STRING_LIMIT = 64 << 10  # longer strings of a record come truncated (the rest on request)
@@ -71,11 +65,15 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-def _status(closing: Path, written: Iterable[Path]) -> str:
-    """finished (its closing summary is there and newer than its data), running (written to
-    in the last minutes) or stopped."""
-    last = max((m for m in (_mtime(p) for p in written) if m is not None), default=None)
-    done = _mtime(closing)
+def _newest(paths: Iterable[Path]) -> float | None:
+    return max((m for m in (_mtime(p) for p in paths) if m is not None), default=None)
+
+
+def _status(folder: Path) -> str:
+    """A run folder's: finished (its summary is there and newer than its records), running
+    (records written in the last minutes) or stopped."""
+    last = _mtime(folder / RESULTS)
+    done = _newest(folder / name for name in (SUMMARY, *OLD_SUMMARY))
     if done is not None and (last is None or done >= last - 1.0):
         return "finished"
     if last is not None and time.time() - last < LIVE_WINDOW_S:
@@ -341,15 +339,15 @@ class EvalRun:
         return rollout_columns
 
     def meta(self) -> dict[str, Any]:
-        return _read_json(self.path / META) or {}
+        return read_meta(self.path) or {}
 
     def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        """summary.json when it covers every record; else computed from the index (a live
-        or killed run): again when records were added, but for a big run at most every
+        """The run's summary when it covers every record; else computed from the index (a
+        live or killed run): again when records were added, but for a big run at most every
         LIVE_SUMMARY_EVERY_S while it grows (the count itself is always current)."""
-        saved = _read_json(self.path / SUMMARY)
-        if isinstance(saved, dict) and saved.get("num_rollouts") == len(rows):
-            return {**saved, "source": "summary.json"}
+        saved = read_summary(self.path)
+        if saved is not None and saved.get("num_rollouts") == len(rows):
+            return {**saved, "source": SUMMARY}
         now, last = time.monotonic(), self._live
         if last is not None and (last[0] == len(rows) or (len(rows) > BIG_RUN and now - last[1] < LIVE_SUMMARY_EVERY_S)):
             return last[2]
@@ -370,7 +368,7 @@ class EvalRun:
         }
 
     def status(self) -> str:
-        return _status(self.path / SUMMARY, [self.path / RESULTS])
+        return _status(self.path)
 
     def detail(self) -> dict[str, Any]:
         rows = self.records.rows()
@@ -424,28 +422,40 @@ def possible_answers(category: str, entry_id: str) -> Any:
 
 
 class SWERun:
-    """`sandgym swe debug` / `validate`: run.json, results.jsonl, an instance folder per key."""
+    """`sandgym swe debug` / `validate` (meta.json's kind says which): an instance a line of
+    results.jsonl, an instance folder per key."""
 
     kind = "swe"
     records = None
 
     def __init__(self, run_id: str, path: Path) -> None:
         self.id, self.path, self.shown = run_id, path, str(path)
-        self.results = JsonlIndex(path / RESULTS, json_row, name="swe-v1")
+        self._lines: tuple[tuple[int, int, int], list[dict[str, Any]]] | None = None  # (the file's stat, its lines)
 
     def meta(self) -> dict[str, Any]:
-        return _read_json(self.path / SWE_RUN) or {}
+        return read_meta(self.path) or {}
+
+    def validating(self) -> bool:
+        return self.meta().get("kind") == VALIDATE
 
     def lines(self) -> list[dict[str, Any]]:
-        self.results.refresh(FIRST_WAIT_S)
-        rows, _ = self.results.snapshot()
-        return [r for r in rows if "bad" not in r]
-
-    def closing(self) -> Path:
-        return self.path / (SWE_VALIDATION if self.meta().get("kind") == "validate" else SUMMARY)
+        """The instances' lines as a resume reads them (run_folder.read_records: a torn line
+        left out, the last line of a key wins), read again when the file changed. A line is
+        small (no logs, no diff, no per-test table), so the file is read whole."""
+        path = self.path / RESULTS
+        try:
+            st = path.stat()
+        except OSError:
+            return []
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+        cached = self._lines
+        if cached is None or cached[0] != seen:
+            records, _, _ = read_records(path, unit_key)
+            cached = self._lines = (seen, list(records.values()))
+        return cached[1]
 
     def status(self) -> str:
-        return _status(self.closing(), [self.path / RESULTS])
+        return _status(self.path)
 
     def card(self) -> dict[str, Any]:
         meta, lines = self.meta(), self.lines()
@@ -455,27 +465,27 @@ class SWERun:
             statuses[str(r.get("status"))] += 1
             if r.get("status") == "infra":
                 infra[str(r.get("infra_reason") or "infra")] += 1
-        closing = _read_json(self.closing()) or {}
+        closing = read_summary(self.path) or {}
         return {
             "id": self.id, "kind": self.kind, "mode": meta.get("kind"), "path": self.shown,
             "env": f"swe {meta.get('kind', '?')} ({meta.get('step', '?')})", "model": meta.get("tasks"),
             "status": self.status(), "instances": len({r.get("instance_id") for r in lines}), "runs": len(lines),
             "resolved": statuses.get("resolved", 0), "reward_mean": statuses.get("resolved", 0) / len(lines) if lines else None,
             "statuses": dict(statuses), "error_kinds": dict(infra), "wall_s": closing.get("wall_s"),
-            "valid": closing.get("valid") if meta.get("kind") == "validate" else None,
+            "valid": closing.get("valid") if meta.get("kind") == VALIDATE else None,
         }
 
     def detail(self) -> dict[str, Any]:
         lines = self.lines()
         out = {**self.card(), "meta": self.meta(), "lines": lines}
-        if self.meta().get("kind") == "validate":
+        if self.validating():
             out["validation"] = self.validation(lines)
         return out
 
     def validation(self, lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Per instance: the verdict (validation.json, when written) and the listed tests
-        whose outcome changed between runs of the same step (flaky), from the lines so far."""
-        saved = {v["instance_id"]: v for v in (_read_json(self.path / SWE_VALIDATION) or {}).get("instances", [])}
+        """Per instance: the verdict (the summary's, when written) and the listed tests whose
+        outcome changed between runs of the same step (flaky), from the lines so far."""
+        saved = {v["instance_id"]: v for v in (read_summary(self.path) or {}).get("instances", []) if isinstance(v, dict) and "instance_id" in v}
         by_inst: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in lines:
             by_inst[str(r.get("instance_id"))].append(r)
@@ -488,17 +498,16 @@ class SWERun:
 
     def instance(self, key: str) -> dict[str, Any]:
         """An instance (a key of results.jsonl): result.json, its logs and diff by name."""
-        keys = {str(r.get("key") or r.get("instance_id")) for r in self.lines()}
-        if key not in keys:
+        if key not in {str(r["key"]) for r in self.lines()}:
             raise KeyError(key)
         rel = safe_name(key)
         folder = self.path / rel
-        result = _read_json(folder / SWE_RESULT) or {}
+        result = _read_json(folder / RESULT) or {}
         result.pop("applied_diff", None)  # the file of its own, fetched in slices
-        files = sorted(p.name for p in folder.iterdir() if p.is_file() and (p.suffix == ".log" or p.name == SWE_DIFF)) if folder.is_dir() else []
+        files = sorted(p.name for p in folder.iterdir() if p.is_file() and (p.suffix == LOG_SUFFIX or p.name == DIFF)) if folder.is_dir() else []
         out: dict[str, Any] = {"key": key, "dir": rel, "result": result,
                                "files": [{"name": n, "path": f"{rel}/{n}", "bytes": (folder / n).stat().st_size} for n in files]}
-        if self.meta().get("kind") == "validate":
+        if self.validating():
             iid = result.get("instance_id") or key.split("/")[0]
             sibling = [r for r in self.lines() if r.get("instance_id") == iid]
             out["flaky"] = sorted(flaky_tests(sibling))
@@ -592,11 +601,13 @@ class TrainRun:
 
 
 def kind_of(path: Path) -> type[EvalRun] | type[SWERun] | type[TrainRun] | None:
-    """Which run a folder holds, by its marker files; None when it is not a run folder."""
-    if (path / SWE_RUN).is_file():
+    """Which run a folder holds: by its meta's kind (SWE debug or validate, else an eval),
+    else by its files; None when it is not a run folder."""
+    meta = read_meta(path)
+    if meta is not None and meta.get("kind") in SWE_KINDS:
         return SWERun
-    if (path / META).is_file() or (path / RESULTS).is_file():
-        env = str((_read_json(path / META) or {}).get("env") or "")
+    if meta is not None or (path / RESULTS).is_file():
+        env = str((meta or {}).get("env") or "")
         return BFCLRun if env.startswith("bfcl_") else EvalRun
     if (path / METRICS).is_file():
         return TrainRun

@@ -13,7 +13,17 @@ from pathlib import Path
 import pytest
 
 from sandgym.errors import UserError
-from sandgym.run_folder import META, RESULTS, RecordLog, RunFolder, RunMismatchError, unit_key
+from sandgym.run_folder import (
+    META,
+    RESULTS,
+    SUMMARY,
+    RecordLog,
+    RunFolder,
+    RunMismatchError,
+    read_meta,
+    read_summary,
+    unit_key,
+)
 from sandgym.swe.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,6 +102,41 @@ def test_swe_runs_follow_the_same_rule_and_read_an_older_folder(tmp_path: Path) 
     assert s.start({"kind": "validate", "step": "gold+none"}, resume=True)["started"] == "2025-01-01T00:00:00"
     s.close()
     assert json.loads((old / META).read_text())["kind"] == "validate"
+
+
+def test_a_swe_run_in_a_relative_folder_keeps_its_instances_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sandgym swe debug -o runs/x` (the CLI's default is relative too): each instance's
+    files in runs/x/<instance>/, where a resume and the viewer look for them."""
+    monkeypatch.chdir(tmp_path)
+    store = RunStore(Path("runs") / "x")
+    store.start({"kind": "debug", "step": "gold_patch"})
+    d = store.save("x__y-1", {"instance_id": "x__y-1", "status": "resolved"}, {"tests": "ok\n"}, diff="+a\n")
+    store.close()
+    inst = tmp_path / "runs" / "x" / "x__y-1"
+    assert d.resolve() == inst
+    assert sorted(p.name for p in inst.iterdir()) == ["applied.diff", "result.json", "tests.log"]
+    assert RunStore(Path("runs") / "x").finished(["x__y-1"]) == {"x__y-1": {"instance_id": "x__y-1", "status": "resolved"}}
+    folder = RunFolder(Path("runs") / "x", kind="debug")
+    for outside in (tmp_path / "elsewhere.txt", Path("..") / "elsewhere.txt"):
+        with pytest.raises(ValueError, match="not a path inside the run folder"):
+            folder.write_file(outside, "x")
+    assert not (tmp_path / "elsewhere.txt").exists() and not (tmp_path / "runs" / "elsewhere.txt").exists()
+
+
+def test_meta_and_summary_are_read_under_their_older_names_too(tmp_path: Path) -> None:
+    """SWE runs of an older sandgym: run.json and (validations) validation.json. The current
+    names win where both are there (an older run resumed writes meta.json and summary.json)."""
+    assert read_meta(tmp_path) is None and read_summary(tmp_path) is None
+    (tmp_path / "run.json").write_text(json.dumps({"kind": "validate", "step": "gold+none"}))
+    (tmp_path / "validation.json").write_text(json.dumps({"kind": "validate", "valid": 1}))
+    assert read_meta(tmp_path) == {"kind": "validate", "step": "gold+none"}
+    assert read_summary(tmp_path) == {"kind": "validate", "valid": 1}
+    (tmp_path / META).write_text(json.dumps({"kind": "validate", "step": "gold+none", "resumed": ["now"]}))
+    (tmp_path / SUMMARY).write_text("{torn")  # unreadable: the older one is what there is
+    assert read_meta(tmp_path) == {"kind": "validate", "step": "gold+none", "resumed": ["now"]}
+    assert read_summary(tmp_path) == {"kind": "validate", "valid": 1}
+    (tmp_path / SUMMARY).write_text(json.dumps({"kind": "validate", "valid": 2}))
+    assert read_summary(tmp_path) == {"kind": "validate", "valid": 2}
 
 
 def test_eval_refuses_another_runs_folder_alike_on_one_machine_and_on_ray(tmp_path: Path) -> None:

@@ -69,8 +69,10 @@ def test_eval_sigkilled_then_pruned_and_resumed(tmp_path: Path) -> None:
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert out.returncode == 0, out.stderr[-2000:]
-        removed = set(json.loads(out.stdout.strip().splitlines()[-1])["removed"])
-        assert set(orphans) <= removed, (orphans, removed)
+        report = json.loads(out.stdout.strip().splitlines()[-1])
+        # Every sandgym process on the host reaps dead owners' sandboxes (other tests' managers
+        # run in parallel), so prune may find some already gone; none may be left or fail.
+        assert not set(orphans) & (set(report["failed"]) | set(report["kept"])), report
         assert _containers_of_pid(proc.pid) == []
     finally:  # never leave ours behind, whatever failed above
         import docker

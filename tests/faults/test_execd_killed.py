@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.requires("docker")]
 RUN = uuid.uuid4().hex[:12]
 STRICT = SandboxSpec(memory_mb=256, disk_mb=32, ttl_s=900)
 # Inside the sandbox (anchored, so the pattern does not match this very shell).
-KILL_EXECD = "kill -9 $(pgrep -f '^python3 -I /opt/sandgym-execd/server.py'); sleep 30; echo survived"
+KILL_EXECD = "kill -9 $(pgrep -f '^python3 -I( -S)? /opt/sandgym-execd/server.py'); sleep 30; echo survived"
 
 
 @pytest.fixture

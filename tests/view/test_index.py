@@ -10,9 +10,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sandgym.core.evaluation import RecordLog, record_of
+from sandgym.core.evaluation import record_of
 from sandgym.core.sandbox_env import exec_flags, format_exec
 from sandgym.core.state import State, Turn, TurnTokens
+from sandgym.run_folder import RecordLog
 from sandgym.sandboxes.result import ExecResult
 from sandgym.view.index import JsonlIndex
 from sandgym.view.runs import STRING_LIMIT, path_key, query, record_view, rollout_columns, text_at
