@@ -5,8 +5,8 @@ A test that needs something of the machine says so with `require("docker", "vm")
 `requires("docker", "vm")` marker; the `docker` marker is `requires("docker")`). Where it is
 missing the test is skipped, saying what is missing and how to get it -- except under CI=true
 for what scripts/bootstrap.sh installs (the engine, the images, gVisor, squid, the registry,
-bubblewrap, the Python extras): there a missing one is a broken CI machine, and the test
-*fails*. Only what CI genuinely lacks (a GPU; PyPI when the machine is offline) is skipped in
+bubblewrap, systemd's tools, the Python extras): there a missing one is a broken CI machine,
+and the test *fails*. Only what CI genuinely lacks (a GPU; PyPI when the machine is offline) is skipped in
 CI too. `lacking(why)` is the same rule for a mechanism a test finds missing itself.
 """
 
