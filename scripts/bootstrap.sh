@@ -49,6 +49,7 @@ command -v docker-registry >/dev/null || need+=(docker-registry)  # registry tes
 command -v htpasswd >/dev/null || need+=(apache2-utils)    # registry tests (auth)
 command -v gcc >/dev/null || need+=(gcc)                   # the statx shim for gVisor
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)       # per-sandbox disks
+command -v systemd-socket-activate >/dev/null || need+=(systemd)  # deploy/systemd unit tests (no init is started)
 command -v chromium >/dev/null || need+=(chromium)         # `sandgym view` tests: a real browser
 command -v chromedriver >/dev/null || need+=(chromium-driver)
 if ((${#need[@]})); then

@@ -5,8 +5,8 @@ A test that needs something of the machine says so with `require("docker", "vm")
 `requires("docker", "vm")` marker; the `docker` marker is `requires("docker")`). Where it is
 missing the test is skipped, saying what is missing and how to get it -- except under CI=true
 for what scripts/bootstrap.sh installs (the engine, the images, gVisor, squid, the registry,
-bubblewrap, the Python extras): there a missing one is a broken CI machine, and the test
-*fails*. Only what CI genuinely lacks (a GPU; PyPI when the machine is offline) is skipped in
+bubblewrap, systemd's tools, the Python extras): there a missing one is a broken CI machine,
+and the test *fails*. Only what CI genuinely lacks (a GPU; PyPI when the machine is offline) is skipped in
 CI too. `lacking(why)` is the same rule for a mechanism a test finds missing itself.
 """
 
@@ -167,6 +167,7 @@ CAPABILITIES: dict[str, tuple[Callable[[], str | None], bool]] = {
     "htpasswd": (lambda: _binary("htpasswd", "apache2-utils"), True),
     "bwrap": (_bwrap, True),
     "nsenter": (lambda: _binary("nsenter", "util-linux"), True),
+    "systemd": (lambda: _binary("systemd-analyze", "systemd") or _binary("systemd-socket-activate", "systemd"), True),
     "ray": (_package("ray", "pip install -e '.[ray]'"), True),
     "torch": (_package("torch", "pip install -e '.[train]'"), True),
     "swebench": (_package("swebench", "pip install -e '.[swe]'"), True),

@@ -61,12 +61,19 @@ def register(app: typer.Typer) -> None:
         max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="Largest request body, MiB (413 past it); uploads have --max-upload-mb.")] = 16.0,
         max_upload_mb: Annotated[float, typer.Option("--max-upload-mb", help="Largest file upload, MiB.")] = 256.0,
         output_limit_mb: Annotated[float, typer.Option("--output-limit-mb", help="A command's stdout and stderr are each cut past this, MiB (and flagged truncated).")] = 16.0,
+        drain_timeout: Annotated[Optional[float], typer.Option("--drain-timeout", help="On SIGTERM/SIGINT (stop) or SIGHUP (re-exec in place, keeping the socket): let in-flight requests, then the sandboxes' egress transfers, finish this long, seconds (default 20); new connections wait in the backlog meanwhile.")] = None,
         log_level: Annotated[str, typer.Option("--log-level")] = "info",
     ) -> None:
         """Serve sandboxes to the unmodified prime-sandboxes SDK: clients set
-        PRIME_API_BASE_URL=http://HOST:PORT and PRIME_API_KEY=<token>."""
-        import uvicorn
+        PRIME_API_BASE_URL=http://HOST:PORT and PRIME_API_KEY=<token>.
 
+        Restarts: SIGTERM drains and exits 0 (the sandboxes keep running for the next server
+        on the same --state-dir); SIGHUP re-executes the server in place, handing its
+        listening socket to the new process. A socket passed by systemd socket activation
+        (LISTEN_FDS) is used instead of --host/--port."""
+        from sandgym.platform import runner, sockets
+
+        held = runner.hold_signals()  # a stop asked for during start-up is obeyed once serving
         from sandgym.platform.app import create_app
         from sandgym.platform.auth import read_token_quotas, read_tokens_file
         from sandgym.platform.egress import WirePolicy
@@ -125,6 +132,11 @@ def register(app: typer.Typer) -> None:
             # Each node's agent keeps its own hard cap; this server caps the whole fleet.
             provider_options = {"address": ray, "max_sandboxes": max_sandboxes, "agent_provider": provider}
             provider = "ray"
+        if drain_timeout is None:
+            drain_timeout = runner.DEFAULT_DRAIN_S
+        if drain_timeout < 0:
+            err.print(f"[red]--drain-timeout must be >= 0 seconds, got {drain_timeout}[/]")
+            raise typer.Exit(2)
         config = ServerConfig(
             tokens=tokens,
             provider=provider,
@@ -143,15 +155,29 @@ def register(app: typer.Typer) -> None:
             max_upload_bytes=int(max_upload_mb * (1 << 20)),
             output_limit_bytes=max(1024, int(output_limit_mb * (1 << 20))),
             provider_options=provider_options,
+            drain_s=drain_timeout,
         )
+        try:
+            sock = sockets.inherited_socket()
+        except sockets.ActivationError as exc:
+            err.print(f"[red]sandgym serve: socket activation: {exc}[/]")
+            raise typer.Exit(2) from None
+        activated = sock is not None
         try:
             app = create_app(config)
         except Exception as exc:  # a locked state dir, bad provider options
             err.print(f"[red]sandgym serve: {exc}[/]")
             raise typer.Exit(2) from None
+        if sock is None:
+            try:
+                sock = sockets.bind_socket(host, port)
+            except OSError as exc:
+                err.print(f"[red]sandgym serve: cannot listen on {host}:{port}: {exc}[/]")
+                raise typer.Exit(2) from None
         state = config.state_dir or "none (ephemeral)"
         err.print(
-            f"sandgym serve: http://{host}:{port}  provider={provider}  max_sandboxes={max_sandboxes}  "
-            f"quota/token={config.default_quota()}  state={state}  docs: /docs"
+            f"sandgym serve: {sockets.describe(sock)}{' (socket passed by LISTEN_FDS)' if activated else ''}  "
+            f"provider={provider}  max_sandboxes={max_sandboxes}  quota/token={config.default_quota()}  "
+            f"state={state}  pid={os.getpid()}  docs: /docs"
         )
-        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=30)
+        runner.serve(app, sock, drain_s=drain_timeout, log_level=log_level, on_drain=app.state.service.begin_drain, held=held)

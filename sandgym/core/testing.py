@@ -239,12 +239,12 @@ class MockOpenAIServer:
 
         return app
 
-    def start(self) -> MockOpenAIServer:
+    def start(self, port: int = 0) -> MockOpenAIServer:
         import uvicorn
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", port))
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app(), log_level="warning", access_log=False, lifespan="off")
         self._server = uvicorn.Server(config)
@@ -271,9 +271,10 @@ class MockOpenAIServer:
 
 
 def serve_forever(script_file: str | None = None, port: int = 0) -> None:  # pragma: no cover - manual use
-    """`python -m sandgym.core.testing`: run a server replying "ok" (or a JSON list of replies)."""
+    """`python -m sandgym.core.testing [REPLIES.json] [--port N]`: run a server replying "ok"
+    (or a JSON list of replies) on 127.0.0.1:N (default: a free port), printing its base URL."""
     replies = [Reply(**r) for r in json.load(open(script_file))] if script_file else None
-    srv = MockOpenAIServer(replies).start()
+    srv = MockOpenAIServer(replies).start(port)
     print(srv.base_url, flush=True)
     try:
         while True:
@@ -283,9 +284,13 @@ def serve_forever(script_file: str | None = None, port: int = 0) -> None:  # pra
 
 
 if __name__ == "__main__":  # pragma: no cover
-    import sys
+    import argparse
 
-    serve_forever(sys.argv[1] if len(sys.argv) > 1 else None)
+    cli = argparse.ArgumentParser(prog="python -m sandgym.core.testing", description="A mock OpenAI-compatible server.")
+    cli.add_argument("replies", nargs="?", help="JSON list of replies (default: always 'ok')")
+    cli.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
+    opts = cli.parse_args()
+    serve_forever(opts.replies, opts.port)
 
 
 def last_user(body: dict[str, Any]) -> str:

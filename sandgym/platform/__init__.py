@@ -16,5 +16,8 @@ state and the reaper's label contract: docs/platform.md.
 - limits.py    request-body limits (413)
 - auth.py      bearer tokens (one tenant per token)
 - models.py    wire models
+- runner.py    the server process: drain on SIGTERM, re-exec in place on SIGHUP
+- sockets.py   the listening socket that outlives a process: socket activation (LISTEN_FDS),
+               handing it over across a re-exec
 - testing.py   a live server in a thread and a PrimeProvider on it, for tests and benchmarks
 """

@@ -324,7 +324,15 @@ async def _rpc_start(call: RpcCall) -> Response:
     return await _start(call.service, call.rec, call.sb, req, call.codec, exec_timeout, note_in_status)
 
 
+def _refuse_while_draining(service: Service) -> None:
+    """A live-process stream would hold a draining server to its bound: `unavailable`, which
+    the SDK answers by re-attaching (to the next server, once this one is gone)."""
+    if service.draining:
+        raise ConnectFault("unavailable", "the server is restarting; re-attach to the process")
+
+
 async def _rpc_connect(call: RpcCall) -> Response:
+    _refuse_while_draining(call.service)
     req = call.codec.decode(call.raw, pb.ConnectRequest)
     sess = _session(call.rec, req.session)
     return _stream(call.codec, _follow(sess), call.deadline, call.rec, call.service.sandbox_died)
@@ -542,14 +550,14 @@ async def _start_live(
     deadline: float | None,
 ) -> Response:
     assert rec.sessions is not None
+    _refuse_while_draining(service)
     uuid = req.session_uuid if req.HasField("session_uuid") and req.session_uuid else None
     sess = rec.sessions.get(uuid) if uuid else None
     if sess is None:
         proc = await sb.start_live(argv, env=env, cwd=cwd)
         sess = Session(uuid=uuid or str(uuidlib.uuid4()), argv=argv, cwd=cwd, process=proc)
-        rec.sessions.add(sess)
         events = _follow(sess)  # subscribed before the pump starts: no output is missed
-        service._spawn(sess.pump)
+        service.start_session(rec, sess)
         rec.log(f"live process {sess.uuid} pid={proc.pid} {argv[-1][:200]!r}")
     else:
         events = _follow(sess)

@@ -5,9 +5,12 @@ sandboxes that die (-> ERROR with an error type), and restarts (state in SQLite)
 Restarts. With a state directory every record is a row written before its container exists;
 containers carry `platform.id` (the row), `platform.state` (the state directory) and
 `platform.instance`. Leaving the server detaches from its sandboxes (they keep running, their
-rows stay live); the next server on the same state directory re-adopts every container that
-still runs, marks the rows whose container vanished ERROR (`SANDBOX_LOST`), queues again the
-creates that had not started, and removes containers of its state that no live row claims.
+rows stay live, their live processes run on); the next server on the same state directory
+(after a clean stop, a crash or a re-exec alike) re-adopts every container that still runs
+(its egress plumbing made again, a policy changed since applied, its live processes
+re-attached), marks RUNNING rows whose container vanished ERROR (`SANDBOX_LOST`), makes again
+the creates that had not reached RUNNING (a container half-made by a killed server is removed
+first), and removes containers of its state that no live row claims.
 
 Admission. The host has `max_sandboxes` slots for all tenants. A create past the token's
 quota answers 429; a create that fits the quota but finds the host full waits PENDING with a
@@ -34,13 +37,14 @@ from pydantic import ValidationError
 
 from sandgym.sandboxes.base import Provider
 from sandgym.sandboxes.errors import ImagePullError, SpecError
+from sandgym.sandboxes.live import LiveHandle
 from sandgym.sandboxes.manager import SandboxManager
 from sandgym.sandboxes.spec import SandboxSpec
 
 from .db import StateDB, StateWriteError
 from .egress import WirePolicy
 from .models import MIN_MEMORY_MB, CreateSandboxBody, GatewayAuth
-from .sessions import SessionTable
+from .sessions import Session, SessionTable
 from .store import LIVE, Egress, Record, Store, token_hash
 
 log = logging.getLogger(__name__)
@@ -125,6 +129,7 @@ class ServerConfig:
     image_pull: Literal["missing", "never", "always"] | None = None
     max_body_bytes: int = 16 << 20  # control plane and Connect requests (413 past it)
     max_upload_bytes: int = 256 << 20  # gateway file uploads
+    drain_s: float = 20.0  # a stop or re-exec waits this long for in-flight work (runner.py)
 
     def default_quota(self) -> int:
         """Below the host cap as soon as two tokens share it, so one tenant never fills it."""
@@ -221,6 +226,8 @@ class Service:
         self.default_policy = WirePolicy.parse(config.egress_default, None) if config.egress_default is not None else WirePolicy.blocked()
         self._tg: TaskGroup | None = None
         self.stopping = False
+        self.draining = False
+        self._drain_until = 0.0
         self.started_mono = time.monotonic()
         self.counters = {"created": 0, "create_errors": 0, "deleted": 0, "reaped": 0, "execs": 0, "died": 0, "adopted": 0}
 
@@ -251,6 +258,16 @@ class Service:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        drain_egress = getattr(self.manager.provider, "drain_egress", None)
+        if self.draining and self.detaching and drain_egress is not None:
+            # Requests are done; downloads the sandboxes have under way finish too (the rest
+            # of the drain's bound, at least a second) before the egress path goes.
+            try:
+                busy = await drain_egress(max(1.0, self._drain_until - time.monotonic()))
+                if busy:
+                    log.warning("egress: %d transfers still running at the end of the drain are cut", busy)
+            except Exception as exc:
+                log.warning("draining egress failed: %r", exc)
         self.stopping = True
         try:
             if self._tg is not None:
@@ -266,16 +283,29 @@ class Service:
                 finally:
                     self.db.close()
 
-    async def _leave(self) -> None:
+    def begin_drain(self) -> None:
+        """The server stopped accepting and waits for in-flight requests: end the streams of
+        live processes now (they would hold the drain to its bound); their clients re-attach
+        to the next server on this state."""
+        self.draining = True
+        self._drain_until = time.monotonic() + self.config.drain_s
         for rec in self.store.all():
             if rec.sessions is not None:
-                await rec.sessions.kill_all()
+                rec.sessions.detach_all()
+
+    async def _leave(self) -> None:
+        for rec in self.store.all():
+            kept = self.detaching and rec.sandbox is not None and not rec.ended
+            if rec.sessions is not None:
+                # Kept sandboxes keep their live processes: the next server attaches to them.
+                await rec.sessions.kill_all(keep_attachable=kept)
             if rec.ended:
                 continue
-            if self.detaching and rec.sandbox is not None:
+            if kept and rec.sandbox is not None:
                 sb, rec.sandbox = rec.sandbox, None
                 await self.manager.detach(sb)
                 rec.log("server stopped; the sandbox keeps running for the next server")
+                rec.save()  # with its live processes (sessions.rows)
             elif self.detaching and rec.status in ("PENDING", "PROVISIONING"):
                 rec.log("server stopped before this sandbox started; the next server makes it")
             else:
@@ -319,30 +349,66 @@ class Service:
                 except Exception as exc:
                     log.warning("cannot adopt %s (%s): %r", rec.id, info.id[:12], exc)
                     await self._remove_quietly(info.id)
-                    self._lost(rec, f"its container could not be re-adopted after a server restart: {exc}")
-                    continue
-                rec.sandbox = self.manager.adopt(inner, age_s=time.time() - rec.created_at.timestamp())
-                self.admission.take(rec.tenant)
-                rec.container_id = info.id
-                self.counters["adopted"] += 1
-                rec.log("re-adopted after a server restart")
-                await self._egress_after_start(rec)
-                if rec.status != "RUNNING":
-                    rec.set_status("RUNNING")
+                    why = f"its container could not be re-adopted after a server restart: {exc}"
                 else:
-                    rec.save()
+                    await self._adopted(rec, inner, info.id)
+                    continue
             elif info is not None:
                 await self._remove_quietly(info.id)
-                self._lost(rec, f"its container was {info.status} when the server restarted")
-            elif rec.status == "RUNNING":
-                self._lost(rec, "its container vanished while the server was down")
-            else:  # accepted but never made: make it now
-                rec.log("server restarted before this sandbox started; queued again")
+                why = f"its container was {info.status} when the server restarted"
+            else:
+                why = "its container vanished while the server was down"
+            if rec.status == "RUNNING":  # its files, processes, network were a client's: lost
+                self._lost(rec, why)
+            else:  # accepted, never handed out: (re)make it now, as a fresh create
+                rec.log(f"server restarted before this sandbox started ({why}); queued again")
                 rec.set_status("PENDING")
                 self.admission.enqueue(rec)
         for info in by_record.values():  # containers of this state no live row claims
             await self._remove_quietly(info.id)
         self._admit()
+
+    async def _adopted(self, rec: Record, inner: Any, container_id: str) -> None:
+        """`rec`'s running container, adopted from an earlier server, is its sandbox again:
+        its slot taken, a changed egress policy applied, its live processes re-attached."""
+        rec.sandbox = self.manager.adopt(inner, age_s=time.time() - rec.created_at.timestamp())
+        self.admission.take(rec.tenant)
+        rec.container_id = container_id
+        self.counters["adopted"] += 1
+        rec.log("re-adopted after a server restart")
+        await self._egress_after_start(rec)
+        for row in rec.live:
+            await self._reattach(rec, row)
+        rec.live = []
+        if rec.status != "RUNNING":
+            rec.set_status("RUNNING")
+        else:
+            rec.save()
+
+    async def _reattach(self, rec: Record, row: dict[str, Any]) -> None:
+        """Attach to a live process an earlier server started in this sandbox."""
+        assert rec.sandbox is not None
+        try:
+            argv, handle = list(row["argv"]), LiveHandle.model_validate(row["handle"])
+            proc = await rec.sandbox.attach_live(handle, argv)
+        except Exception as exc:
+            rec.log(f"live process {row.get('uuid')} not re-attached: {exc}")
+            return
+        self.start_session(rec, Session(uuid=str(row["uuid"]), argv=argv, cwd=row.get("cwd"), process=proc))
+        rec.log(f"live process {row['uuid']} pid={proc.pid} re-attached")
+
+    def start_session(self, rec: Record, sess: Session) -> None:
+        """Track a live process of `rec` (its row names it, for the next server) and pump its
+        output to whoever attaches."""
+        assert rec.sessions is not None
+        rec.sessions.add(sess)
+        rec.save()
+        self._spawn(self._pump, rec, sess)
+
+    async def _pump(self, rec: Record, sess: Session) -> None:
+        await sess.pump()
+        if not rec.ended:
+            rec.save()  # the ended process leaves the row
 
     def _lost(self, rec: Record, why: str) -> None:
         self.counters["died"] += 1

@@ -1,7 +1,9 @@
 """Session bookkeeping for live processes (Connect `Start` with stdin, `SendInput`,
 `SendSignal`, `Connect`, `List`): which processes of a sandbox run, under which session
 uuid, and who is attached to their output. The processes themselves come from
-`Sandbox.start_live` (sandgym/sandboxes/live.py).
+`Sandbox.start_live` (sandgym/sandboxes/live.py) and outlive the server: the sandbox's row
+keeps `rows()`, and the next server on the state attaches to them again
+(`Sandbox.attach_live`), so a client's re-attach (the SDK's `Connect`) finds its process.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import anyio
@@ -49,16 +52,24 @@ class Session:
         send.close()
 
     async def pump(self) -> None:
+        """Hand the process's output to the attached streams until it exits. Cancelled (the
+        server leaves), it lets go of the process, which runs on for the next server."""
         try:
-            async for ev in self.process.events():
-                if ev[0] == "exit":
-                    self.exit_code = int(ev[1])
-                for s in list(self.subscribers):
-                    try:
-                        s.send_nowait(ev)
-                    except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                        # A reader that stopped reading loses output, never the process.
-                        pass
+            async with aclosing(self.process.events()) as events:
+                async for ev in events:
+                    if ev[0] == "exit":
+                        self.exit_code = int(ev[1])
+                    for s in list(self.subscribers):
+                        try:
+                            s.send_nowait(ev)
+                        except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                            # A reader that stopped reading loses output, never the process.
+                            pass
+        except anyio.get_cancelled_exc_class():
+            for s in list(self.subscribers):
+                s.close()
+            self.subscribers.clear()
+            raise
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
             log.warning("live process %s failed: %s", self.uuid, self.error)
@@ -67,13 +78,19 @@ class Session:
                     s.send_nowait(("exit", -1))
                 except Exception:
                     pass
-        finally:
-            self.ended_at = time.monotonic()
-            for s in list(self.subscribers):
-                s.close()
-            self.subscribers.clear()
-            with anyio.CancelScope(shield=True):
-                await self.process.cleanup()
+        self.ended_at = time.monotonic()
+        for s in list(self.subscribers):
+            s.close()
+        self.subscribers.clear()
+        with anyio.CancelScope(shield=True):
+            await self.process.cleanup()
+
+    def to_row(self) -> dict[str, object] | None:
+        """What the next server needs to attach to this process again (None: it cannot)."""
+        handle = self.process.handle()
+        if handle is None or self.ended_at is not None:
+            return None
+        return {"uuid": self.uuid, "argv": self.argv, "cwd": self.cwd, "handle": handle.model_dump()}
 
 
 class SessionTable:
@@ -102,8 +119,23 @@ class SessionTable:
         for k in [k for k, s in self.sessions.items() if s.ended_at and now - s.ended_at > _RETAIN_S]:
             del self.sessions[k]
 
-    async def kill_all(self) -> None:
+    def detach_all(self) -> None:
+        """End every attached output stream, not the processes (a server that drains: its
+        clients re-attach to the next server)."""
+        for s in self.sessions.values():
+            for send in list(s.subscribers):
+                s.unsubscribe(send)
+
+    def rows(self) -> list[dict[str, object]]:
+        """The running processes another server can attach to (`Session.to_row`)."""
+        return [row for s in self.sessions.values() if (row := s.to_row()) is not None]
+
+    async def kill_all(self, *, keep_attachable: bool = False) -> None:
+        """SIGKILL the running processes; `keep_attachable`: only those no other server
+        could attach to."""
         for s in self.running():
+            if keep_attachable and s.to_row() is not None:
+                continue
             try:
                 await s.process.signal(9)
             except Exception:

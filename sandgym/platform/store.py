@@ -111,6 +111,7 @@ class Record:
     last_active: float = field(default_factory=time.time)
     logs: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     sessions: SessionTable | None = None
+    live: list[dict[str, Any]] = field(default_factory=list)  # processes to re-attach (from the row)
     active_ops: int = 0
     store: Store | None = field(default=None, repr=False)
     _unsaved_logs: list[str] = field(default_factory=list, repr=False)
@@ -201,6 +202,7 @@ class Record:
             "gw_expires": self.gw_expires,
             "gw_prev": list(self.gw_prev),
             "last_active": self.last_active,
+            "live": self.sessions.rows() if self.sessions is not None else self.live,
         }
 
     @classmethod
@@ -228,6 +230,7 @@ class Record:
             gw_expires=row.get("gw_expires", 0.0),
             gw_prev=tuple(row.get("gw_prev") or ("", 0.0)),
             last_active=row.get("last_active") or time.time(),
+            live=list(row.get("live") or []),
         )
 
 

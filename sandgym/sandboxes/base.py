@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from .errors import SandboxError
-from .live import LiveProcess, ShellLiveProcess
+from .live import LiveHandle, LiveProcess, ShellLiveProcess
 from .result import EgressLogEntry, ExecResult, SandboxInfo
 from .spec import EgressPolicy, SandboxSpec
 
@@ -129,9 +129,19 @@ class Sandbox(ABC):
         """Start `argv` as a live process (output as it appears, stdin, signals; see live.py)
         and return it once it runs, its `pid` set. Relative `cwd` is under the workdir. This
         default is built from `exec` alone, so every sandbox has it; a provider with a
-        streaming API overrides it (docker)."""
+        streaming API overrides it (docker, through execd)."""
         proc = ShellLiveProcess(self, live_argv(argv))
         await proc.start(env, self.resolve(cwd) if cwd else None)
+        return proc
+
+    async def attach_live(self, handle: LiveHandle, argv: Sequence[str]) -> LiveProcess:
+        """Attach to a live process started earlier (by another driver of this sandbox) from
+        its `handle()`; RuntimeError when it is gone. This default attaches to the exec-built
+        kind; a provider whose `start_live` makes others attaches to those too (docker)."""
+        if handle.kind != ShellLiveProcess.KIND:
+            raise RuntimeError(f"this sandbox cannot attach to a {handle.kind} live process")
+        proc = ShellLiveProcess(self, live_argv(argv), handle)
+        await proc.attach()
         return proc
 
     async def reset(self) -> bool:

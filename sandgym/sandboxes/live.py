@@ -3,16 +3,22 @@ stdin and signals it (what the platform's Connect `Start` with stdin, `SendInput
 `SendSignal` and `Connect` need). `Sandbox.exec` runs a command to completion; a live
 process is started with `Sandbox.start_live`, a capability every sandbox has:
 
+- `ExecdLiveProcess` (execd/live.py): in a sandbox whose main process is execd (the docker
+  provider's, where the image has python3), execd runs the command on a connection of its
+  own that carries stdin, output and the exit code: a live process costs what an exec does.
 - `ShellLiveProcess`, here, is built from `Sandbox.exec` alone and so works on every
-  provider (`Sandbox.start_live`'s default): the command runs detached in its own session
-  inside the sandbox with a FIFO as stdin and files as stdout/stderr; a poller reads new
-  bytes by offset (20 ms, backing off to 250 ms when quiet); stdin is written into the FIFO;
-  signals go to the process group. Its cost is one exec per poll, and latency of one poll
-  interval.
-- A provider with a streaming API overrides `start_live`: the docker provider runs it
-  through execd (`ExecdLiveProcess`, execd/live.py: one connection carries stdin, output and
-  the exit code) and, for images without python3, through the Docker exec API
-  (`DockerLiveProcess`, providers/docker/live.py).
+  provider (`Sandbox.start_live`'s default, and the docker provider's for sandboxes without
+  execd): the command runs detached in its own session inside the sandbox with a FIFO as
+  stdin and files as stdout/stderr; a poller reads new bytes by offset (20 ms, backing off
+  to 250 ms when quiet); stdin is written into the FIFO; signals go to the process group.
+  Its cost is one exec per poll, and latency of one poll interval.
+
+Either way the process does not depend on whoever drives it: it runs on when its driver
+goes (a platform server that stops or crashes), and its stdin, pid and exit status stay
+inside the sandbox (with execd, which outlives the driver; otherwise in a directory).
+`handle()` names the process there, and `Sandbox.attach_live(handle, argv)` attaches to it
+again from another driver (the next server on the same state): output from then on, stdin,
+signals, and the exit status even when the process ended in between.
 """
 
 from __future__ import annotations
@@ -21,10 +27,11 @@ import logging
 import shlex
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import TYPE_CHECKING, Literal
 
 import anyio
+from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from .base import Sandbox
@@ -36,18 +43,39 @@ Event = tuple[str, bytes | int]  # ("stdout"|"stderr", bytes) or ("exit", code)
 _CHUNK = 512 * 1024
 
 
+class LiveHandle(BaseModel):
+    """Names a live process inside its sandbox, for another driver to attach to it
+    (`Sandbox.attach_live`): `kind` is the implementation that started it, `key` how that one
+    finds it again (ShellLiveProcess: its directory; ExecdLiveProcess: execd's id for it)."""
+
+    kind: Literal["shell", "execd"]
+    key: str
+    pid: int
+
+
 class LiveProcess(ABC):
-    """One running command of a sandbox. Made and started by `Sandbox.start_live`."""
+    """One running command of a sandbox. Made and started by `Sandbox.start_live`, or made
+    from a `LiveHandle` and attached to by `Sandbox.attach_live`."""
 
     pid: int
+
+    def handle(self) -> LiveHandle | None:
+        """What re-attaches to this process from another driver; None when nothing can."""
+        return None
 
     @abstractmethod
     async def start(self, env: Mapping[str, str] | None, cwd: str | None) -> None:
         """Start the command; `pid` is set when this returns."""
 
     @abstractmethod
-    def events(self) -> AsyncIterator[Event]:
-        """Output as it appears, then one ("exit", code). Iterated once."""
+    async def attach(self) -> None:
+        """(Made from a handle.) Attach to the process it names, which may have ended since
+        (`events` then reports its exit status); RuntimeError when it is gone."""
+
+    @abstractmethod
+    def events(self) -> AsyncGenerator[Event, None]:
+        """Output as it appears (from the start, or from the attach), then one ("exit",
+        code). Iterated once; closing it early lets go of the process, which runs on."""
 
     @abstractmethod
     async def write_stdin(self, data: bytes) -> None: ...
@@ -61,11 +89,29 @@ class LiveProcess(ABC):
 
 
 class ShellLiveProcess(LiveProcess):
-    def __init__(self, sandbox: Sandbox, argv: Sequence[str]) -> None:
+    KIND = "shell"
+
+    def __init__(self, sandbox: Sandbox, argv: Sequence[str], handle: LiveHandle | None = None) -> None:
+        """A process to `start`, or (with `handle`) one started earlier to `attach` to."""
         self.sb = sandbox
         self.argv = list(argv)
-        self.dir = f"/tmp/.sandgym-proc-{uuid.uuid4().hex[:16]}"
-        self.pid = 0
+        self.dir = handle.key if handle is not None else f"/tmp/.sandgym-proc-{uuid.uuid4().hex[:16]}"
+        self.pid = handle.pid if handle is not None else 0
+        self.offsets = (0, 0)  # where `events` starts reading stdout and stderr
+
+    def handle(self) -> LiveHandle:
+        return LiveHandle(kind="shell", key=self.dir, pid=self.pid)
+
+    async def attach(self) -> None:
+        """Check that the process's directory is still there (it may have exited since, which
+        `events` reports) and note how much output it has written: `events` starts there
+        (output from now on, the SDK's contract); RuntimeError when it is gone."""
+        d = shlex.quote(self.dir)
+        res = await self.sb.exec(["/bin/sh", "-c", f"test -p {d}/in && stat -c %s {d}/out {d}/err"], timeout=30)
+        parts = res.stdout.split()
+        if res.exit_code != 0 or len(parts) != 2:
+            raise RuntimeError(f"live process {self.pid} ({self.dir}) is gone")
+        self.offsets = (int(parts[0]), int(parts[1]))
 
     async def start(self, env: Mapping[str, str] | None, cwd: str | None) -> None:
         d = shlex.quote(self.dir)
@@ -106,8 +152,8 @@ class ShellLiveProcess(LiveProcess):
         code = None if parts[2] == b"-" else int(parts[2])
         return rest[:a], rest[a : a + b], code
 
-    async def events(self) -> AsyncIterator[Event]:
-        o = e = 0
+    async def events(self) -> AsyncGenerator[Event, None]:
+        o, e = self.offsets
         delay = 0.02
         while True:
             out, err, code = await self._poll(o, e)

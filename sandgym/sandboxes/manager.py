@@ -33,7 +33,7 @@ from anyio.abc import TaskGroup
 from .base import Command, ExecJob, Provider, Sandbox
 from .errors import HookError, SandboxCreateError, SpecError
 from .hooks import Hook, Hooks
-from .live import LiveProcess
+from .live import LiveHandle, LiveProcess
 from .ownership import OWNER_PROCESS, PruneReport, new_run_id, owner_labels, prune
 from .registry import get_provider
 from .result import EgressLogEntry, ExecResult, SandboxInfo
@@ -94,6 +94,9 @@ class ManagedSandbox(Sandbox):
     ) -> LiveProcess:
         # The provider's own kind (docker streams); the exec hooks see only plain execs.
         return await self.inner.start_live(argv, env=env, cwd=cwd)
+
+    async def attach_live(self, handle: LiveHandle, argv: Sequence[str]) -> LiveProcess:
+        return await self.inner.attach_live(handle, argv)
 
     async def _guard(self, call: Any) -> None:
         try:

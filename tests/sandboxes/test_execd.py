@@ -13,7 +13,7 @@ import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
@@ -25,12 +25,14 @@ from sandgym.sandboxes.execd import (
     SERVER_PATH,
     BatchJob,
     ExecdClient,
+    ExecdLiveProcess,
     ExecdRequestError,
     ExecdTransport,
     ExecdUnresponsiveError,
     execd_command,
 )
 from sandgym.sandboxes.execd import server as execd_server
+from sandgym.sandboxes.live import Event, LiveHandle
 from sandgym.sandboxes.providers.docker.execd import execd_volumes
 from tests.conftest import require
 
@@ -255,6 +257,93 @@ async def test_cancelled_request_kills_its_command(client: ExecdClient) -> None:
         assert (await client.exec(["echo", "still fine"], timeout=10)).stdout == "still fine\n"
     finally:
         _kill_marked(m)
+
+
+# ----------------------------------------------------------------------------- live processes
+
+
+async def _read_until(events: AsyncIterator[Event], want: bytes) -> tuple[bytes, int | None]:
+    """stdout from a live process's `events()` (one iterator per process: closing it hangs
+    up) until `want` shows (exit None) or it exits (its code)."""
+    out = b""
+    with anyio.fail_after(30):
+        async for kind, value in events:
+            if kind == "exit":
+                return out, int(value)
+            if kind == "stdout":
+                out += value  # type: ignore[operator]
+                if want in out:
+                    return out, None
+    return out, None
+
+
+async def test_live_process_is_attached_to_again_with_its_stdin_still_open(client: ExecdClient) -> None:
+    """A client that hangs up leaves the process running with its stdin open; another
+    client attaches by the handle: output from then on, stdin, the exit status."""
+    argv = ["sh", "-c", "while read l; do echo got:$l; done; echo eof; exit 3"]
+    first = ExecdLiveProcess(client, argv)
+    await first.start(None, None)
+    handle = first.handle()
+    assert handle is not None and handle.kind == "execd" and handle.pid == first.pid
+    await first.write_stdin(b"a\n")
+    assert (await _read_until(first.events(), b"got:a\n")) == (b"got:a\n", None)
+    await first.cleanup()  # hang up
+    again = ExecdLiveProcess(client, argv, handle)
+    await again.attach()
+    assert again.pid == first.pid
+    events = again.events()
+    try:
+        await again.write_stdin(b"b\n")  # had execd closed its stdin, the loop would have ended
+        assert (await _read_until(events, b"got:b\n")) == (b"got:b\n", None)
+        await again.write_stdin(b"c\n")
+        assert (await _read_until(events, b"got:c\n")) == (b"got:c\n", None)
+    finally:
+        await again.signal(signal.SIGKILL)
+    assert (await _read_until(events, b"never")) == (b"", 128 + signal.SIGKILL)
+    await again.cleanup()
+
+
+async def test_exit_while_no_client_is_attached_is_kept_for_an_attach(client: ExecdClient, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    first = ExecdLiveProcess(client, ["sh", "-c", f'while [ ! -e "{go}" ]; do sleep 0.02; done; echo bye; exit 5'])
+    await first.start(None, None)
+    handle = first.handle()
+    assert handle is not None
+    await first.cleanup()  # hang up, then let it end
+    go.touch()
+    with anyio.fail_after(30):
+        while await client.signal(first.pid, 0):  # signallable until it has ended
+            await anyio.sleep(0.02)
+    for _ in range(2):  # and for every attach after that
+        late = ExecdLiveProcess(client, ["sh"], handle)
+        await late.attach()
+        assert late.pid == first.pid
+        assert (await _read_until(late.events(), b"never")) == (b"", 5)  # its output went with no client
+        await late.cleanup()
+
+
+async def test_a_second_attach_takes_the_process_over(client: ExecdClient) -> None:
+    first = ExecdLiveProcess(client, ["sh", "-c", "while read l; do echo got:$l; done"])
+    await first.start(None, None)
+    handle = first.handle()
+    assert handle is not None
+    second = ExecdLiveProcess(client, ["sh"], handle)
+    await second.attach()
+    try:
+        with pytest.raises(ExecdRequestError, match="detached"):
+            await _read_until(first.events(), b"never")
+        await second.write_stdin(b"x\n")
+        assert (await _read_until(second.events(), b"got:x\n")) == (b"got:x\n", None)
+    finally:
+        await second.signal(signal.SIGKILL)
+        await second.cleanup()
+        await first.cleanup()
+
+
+async def test_attach_to_an_unknown_process_is_refused(client: ExecdClient) -> None:
+    unknown = LiveHandle(kind="execd", key="0123456789abcdef", pid=1)
+    with pytest.raises(RuntimeError, match="not_found"):
+        await ExecdLiveProcess(client, ["true"], unknown).attach()
 
 
 # ----------------------------------------------------------------------------- files

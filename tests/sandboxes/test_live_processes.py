@@ -1,8 +1,9 @@
 """The LiveProcess implementations on real docker sandboxes: output as it appears, stdin,
-signals, exit codes (execd's, the Docker exec API's for images without python3, and the
-exec-built shell one); execd's own promises (a hung-up client leaves the process running
-and signallable, big stdin and output, background children); and the Docker exec one when
-its socket's fd is past select()'s 1024."""
+signals, exit codes (execd's, and the exec-built one that sandboxes without execd get, run
+by the docker provider itself and on an execd sandbox); attaching again from a handle, as a
+restarted server does, for both; execd's own promises (a hung-up client leaves the process
+running and signallable, big stdin and output, background children); and the exec-built one
+through `docker exec` when the engine's sockets are past select()'s 1024."""
 
 from __future__ import annotations
 
@@ -13,11 +14,9 @@ import anyio
 import pytest
 
 from sandgym.sandboxes import ManagedSandbox, SandboxManager, SandboxSpec
-from sandgym.sandboxes.errors import SpecError
 from sandgym.sandboxes.execd import ExecdLiveProcess, ExecdRequestError
-from sandgym.sandboxes.live import LiveProcess, ShellLiveProcess
+from sandgym.sandboxes.live import LiveHandle, LiveProcess, ShellLiveProcess
 from sandgym.sandboxes.providers.docker import DockerProvider
-from sandgym.sandboxes.providers.docker.live import DockerLiveProcess
 from tests.conftest import require
 
 pytestmark = pytest.mark.anyio
@@ -53,13 +52,13 @@ async def no_execd_sandbox() -> AsyncIterator[ManagedSandbox]:
             await mgr.release(sb)
 
 
-KINDS = ["execd", "docker-exec", "shell"]
+KINDS = ["execd", "no-execd", "shell"]
 
 
 @pytest.fixture
 def kind_sandbox(request: pytest.FixtureRequest) -> ManagedSandbox:
     kind = request.node.callspec.params["kind"]
-    return request.getfixturevalue("no_execd_sandbox" if kind == "docker-exec" else "sandbox")  # type: ignore[no-any-return]
+    return request.getfixturevalue("no_execd_sandbox" if kind == "no-execd" else "sandbox")  # type: ignore[no-any-return]
 
 
 async def _start(kind: str, sb: ManagedSandbox, argv: list[str], env: dict[str, str], cwd: str) -> LiveProcess:
@@ -68,7 +67,7 @@ async def _start(kind: str, sb: ManagedSandbox, argv: list[str], env: dict[str, 
         await shell.start(env, cwd)
         return shell
     proc = await sb.start_live(argv, env=env, cwd=cwd)  # the sandbox's own kind
-    assert isinstance(proc, ExecdLiveProcess if kind == "execd" else DockerLiveProcess)
+    assert isinstance(proc, ExecdLiveProcess if kind == "execd" else ShellLiveProcess)
     return proc
 
 
@@ -119,19 +118,61 @@ async def test_exit_code_env_and_cwd(kind_sandbox: ManagedSandbox, kind: str) ->
         await proc.cleanup()
 
 
-async def test_docker_live_process_with_a_high_fd(fds_past_1024: None) -> None:
-    """select() cannot watch fds >= 1024; the docker live process must work past that."""
+@pytest.mark.parametrize("kind", ["execd", "no-execd"])
+async def test_attached_to_again_from_its_handle(kind_sandbox: ManagedSandbox, kind: str) -> None:
+    """What a restarted server does: the first driver lets go (its events closed), a new one
+    attaches from the handle (through `Sandbox.attach_live`, as rows keep it): output from
+    then on, stdin (still open), signals; then, after the exit, the exit status."""
+    argv = ["/bin/bash", "-c", "while read l; do echo got:$l; done; exit 3"]
+    first = await kind_sandbox.start_live(argv)
+    handle = first.handle()
+    assert handle is not None and handle.pid == first.pid
+    await first.write_stdin(b"a\n")
+    out, _, code, it = await _collect(first, until=b"got:a\n")
+    assert (out, code) == (b"got:a\n", None)
+    await it.aclose()  # type: ignore[attr-defined]  # the driver goes; the process runs on
+    again = await kind_sandbox.attach_live(LiveHandle.model_validate(handle.model_dump()), argv)
+    assert type(again) is type(first) and again.pid == first.pid
+    try:
+        await again.write_stdin(b"b\n")
+        out, _, code, it = await _collect(again, until=b"got:b\n")
+        assert (out, code) == (b"got:b\n", None)
+        await again.signal(9)
+        with anyio.fail_after(30):
+            async for ev in it:
+                if ev[0] == "exit":
+                    assert ev[1] == 137
+                    break
+        third = await kind_sandbox.attach_live(handle, argv)  # ended: its exit status at once
+        _, _, code, _ = await _collect(third)
+        assert code == 137
+        await third.cleanup()
+    finally:
+        await again.cleanup()
+        await first.cleanup()
+
+
+async def test_no_execd_live_process_with_a_high_fd(fds_past_1024: None) -> None:
+    """select() cannot watch fds >= 1024; without execd every poll and stdin write of the
+    live process is a `docker exec` whose stream must work past that."""
     require("docker")
-    # A provider made now: its engine connections (and the exec socket) are opened above 1024.
+    # A provider made now: its engine connections (and the exec sockets) are opened above 1024.
     async with SandboxManager(DockerProvider(execd=False), max_sandboxes=1) as mgr:
         sb = await mgr.acquire(SandboxSpec(memory_mb=256, disk_mb=64))
         try:
             proc = await sb.start_live(["/bin/bash", "-c", "echo hi; read l; echo got:$l; exit 4"])
             try:
-                assert isinstance(proc, DockerLiveProcess)
-                assert proc._stream is not None and proc._stream.sock.fileno() >= 1024
+                assert isinstance(proc, ShellLiveProcess)
+                first, _, _, it = await _collect(proc, until=b"hi\n")
                 await proc.write_stdin(b"line\n")
-                out, _, code, _ = await _collect(proc)
+                out, code = first, None
+                with anyio.fail_after(30):
+                    async for kind, value in it:
+                        if kind == "exit":
+                            code = int(value)  # type: ignore[arg-type]
+                            break
+                        if kind == "stdout":
+                            out += value  # type: ignore[operator]
                 assert (out, code) == (b"hi\ngot:line\n", 4)
             finally:
                 await proc.cleanup()
@@ -192,13 +233,9 @@ async def test_execd_start_failure_is_an_error(sandbox: ManagedSandbox, argv: li
 
 async def test_execd_live_process_under_gvisor() -> None:
     """The vm profile (gVisor, whose 2022 kernel lacks pidfd_open: execd polls for the exit)."""
-    require("docker")
+    require("docker", "vm")
     provider = DockerProvider()
     vm = SPEC.model_copy(update={"profile": "vm"})
-    try:
-        provider.check(vm)
-    except SpecError as exc:
-        pytest.skip(f"profile vm is unavailable here: {exc}")
     async with SandboxManager(provider, max_sandboxes=1) as mgr:
         sb = await mgr.acquire(vm)
         try:

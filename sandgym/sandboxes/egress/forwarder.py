@@ -5,6 +5,10 @@ unix socket in the sandbox's socket directory. Here, one asyncio loop in a daemo
 accepts on every such socket and connects to squid from the loopback address leased to that
 sandbox (127.77.x.y), which is how squid knows whose policy applies. The sandbox cannot
 choose its source address: it never touches a TCP socket on the host.
+
+A server about to restart `drain`s: it stops accepting (the relay in each sandbox waits for
+the next server's listener) and lets transfers in progress finish before it goes; idle
+connections (a client's pooled keep-alive tunnel) are not waited for.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,9 +28,10 @@ CHUNK = 1 << 16
 MAX_CONNECTIONS = 256
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, moved: Callable[[], None]) -> None:
     try:
         while data := await reader.read(CHUNK):
+            moved()
             writer.write(data)
             await writer.drain()
     except (ConnectionError, OSError, asyncio.CancelledError):
@@ -50,6 +56,7 @@ class EgressForwarder:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._servers: dict[str, asyncio.AbstractServer] = {}
+        self._active: dict[int, float] = {}  # open connection -> when it last moved bytes (loop time)
         self._lock = threading.Lock()
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
@@ -95,9 +102,17 @@ class EgressForwarder:
                     cw.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                     cw.close()
                     return
+                loop = asyncio.get_running_loop()
+                key = id(cw)
+
+                def moved() -> None:
+                    self._active[key] = loop.time()
+
+                moved()
                 try:
-                    await asyncio.gather(_pipe(cr, uw), _pipe(ur, cw))
+                    await asyncio.gather(_pipe(cr, uw, moved), _pipe(ur, cw, moved))
                 finally:
+                    self._active.pop(key, None)
                     cw.close()
                     uw.close()
 
@@ -121,6 +136,27 @@ class EgressForwarder:
             asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout=10)
         except Exception as exc:
             log.debug("egress: closing %s: %r", sock_path, exc)
+
+    def drain(self, timeout_s: float, quiet_s: float = 0.5) -> int:
+        """Stop accepting on every socket, then wait (up to `timeout_s`) until no open
+        connection has moved a byte for `quiet_s`. Returns how many are still busy. Blocking."""
+        loop = self._loop
+        if loop is None:
+            return 0
+
+        async def stop_accepting() -> None:
+            for server in self._servers.values():
+                server.close()
+
+        async def busy() -> int:
+            now = asyncio.get_running_loop().time()
+            return sum(1 for last in self._active.values() if now - last < quiet_s)
+
+        asyncio.run_coroutine_threadsafe(stop_accepting(), loop).result(timeout=10)
+        deadline = time.monotonic() + timeout_s
+        while (left := asyncio.run_coroutine_threadsafe(busy(), loop).result(timeout=10)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return left
 
     def shutdown(self) -> None:
         with self._lock:

@@ -28,7 +28,8 @@ docker provider's wiring):
   `await client.exec(["python3", "-c", "print(1)"], timeout=10)` -> `ExecResult`;
   `batch_exec([BatchJob(argv=..., timeout=...), ...])` runs many in one round trip;
   `read_file`, `write_file`, `put_archive`, `get_archive`; a live process (stdin, output
-  as it comes, signals) is `ExecdLiveProcess(client, argv)` (live.py); finally
+  as it comes, signals; it outlives this client, which can attach to it again) is
+  `ExecdLiveProcess(client, argv)` (live.py); finally
   `await client.aclose()`.
 
 Errors: a connection that cannot be made or breaks mid-request raises `SandboxGoneError`;

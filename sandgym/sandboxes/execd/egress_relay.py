@@ -6,6 +6,11 @@ programs are pointed at http://127.0.0.1:PORT by HTTP(S)_PROXY; each connection 
 is carried over a fresh connection to the bind-mounted unix socket, whose host end forwards
 it to the egress proxy. Nothing here decides anything: the policy is enforced on the host.
 One thread per connection moves both directions (selectors), to stay light on the pids limit.
+
+The host end lives in the server that made the sandbox; while that server restarts (and
+re-adopts the sandbox) nothing listens on the socket, so a new connection waits and tries
+again for up to RECONNECT_S instead of failing: programs in the sandbox see a slow connect,
+not a refusal. (Connections open at the restart end with the old server.)
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ from __future__ import annotations
 import selectors
 import socket
 import threading
+import time
 
 CHUNK = 1 << 16
+RECONNECT_S = 60.0  # longer than a server's drain and restart
 
 
 def _carry(a: socket.socket, b: socket.socket) -> None:
@@ -51,10 +58,29 @@ def _carry(a: socket.socket, b: socket.socket) -> None:
         b.close()
 
 
+def _connect(uds_path: str) -> socket.socket:
+    """A connection to the host end, waiting out a restart of its server (no listener yet)."""
+    deadline = time.monotonic() + RECONNECT_S
+    delay = 0.05
+    while True:
+        up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            up.connect(uds_path)
+            return up
+        except (ConnectionRefusedError, FileNotFoundError):
+            up.close()
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        except OSError:
+            up.close()
+            raise
+
+
 def _handle(client: socket.socket, uds_path: str) -> None:
-    up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        up.connect(uds_path)
+        up = _connect(uds_path)
     except OSError as exc:
         msg = ("sandgym egress relay: the host side is unreachable (%s)\n" % exc).encode()
         try:
@@ -63,7 +89,6 @@ def _handle(client: socket.socket, uds_path: str) -> None:
         except OSError:
             pass
         client.close()
-        up.close()
         return
     _carry(client, up)
 

@@ -11,11 +11,12 @@ UTF-8 JSON (the header), then raw payloads whose lengths the header lists in "bl
 (stdin, stdout, file contents, tar archives) therefore never pass through base64 or JSON.
 A connection carries one request at a time; a client keeps several connections for
 concurrency. Requests carry "op": ping, exec, batch_exec, read_file, write_file,
-put_archive, get_archive, live, signal, reset. Replies carry "ok" and either the op's
+put_archive, get_archive, live, attach, signal, reset. Replies carry "ok" and either the op's
 fields or "error": {"code", "message"}. An exec with "stream": true is preceded by
 {"event": "output"} frames. "live" starts a live process that owns its connection from then
-on (stdin frames in, output frames out, see run_live); "signal" reaches such a process's
-group by its pid; "reset" readies a reused sandbox for its next user without a process.
+on (stdin frames in, output frames out, see run_live) and outlives it; "attach" makes another
+connection its client (see Live); "signal" reaches such a process's group by its pid;
+"reset" readies a reused sandbox for its next user without a process.
 
 Commands run in their own session (process group). Past their timeout, or when the client
 hangs up mid-request, the whole group is SIGKILLed. Output is drained continuously and kept
@@ -488,18 +489,231 @@ class FrameReader:
         return frames
 
 
-LIVE: set = set()  # process groups of live processes still running: what "signal" may reach
 _STDIN_HIGH = 4 << 20  # stdin buffered for a process that does not read it: stop reading the client
+_ENDED_KEPT = 64  # ended live processes kept for an attach (their exit status), the latest started
+
+
+class Live:
+    """A live process ("live" op): a command whose client streams its output, writes its
+    stdin and signals it, and which outlives that client. The thread of the connection that
+    started it (`supervise`) owns its pipes from start to exit, with at most one client
+    attached. A client that hangs up leaves the process running, its stdin pipe open and its
+    output read and dropped; another connection attaches to it by id ("attach" op: output
+    from then on, stdin, the exit status), e.g. a platform server restarted on the same
+    sandbox. Once it has ended its exit status is kept for an attach (the last `_ENDED_KEPT`)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.id = os.urandom(8).hex()
+        self.lock = threading.Lock()  # guards code and arriving
+        self.code: Optional[int] = None  # set once it has ended and all its output is out
+        self.arriving: List[Tuple[socket.socket, threading.Event]] = []  # attaches to take over
+        self.wake_r, self.wake_w = os.pipe()  # an attach wakes the supervisor
+        self.conn: Optional[socket.socket] = None  # the attached client
+        self.released: Optional[threading.Event] = None  # set when `conn` is let go (an attach's)
+        self.frames = FrameReader()
+        self.sel = selectors.DefaultSelector()
+        self.watching_conn = False
+
+    def started(self) -> Dict[str, Any]:
+        return {"event": "started", "pid": self.proc.pid, "id": self.id}
+
+    def _watch_conn(self, on: bool) -> None:
+        if self.conn is None or on == self.watching_conn:
+            return
+        if on:
+            self.sel.register(self.conn, selectors.EVENT_READ, "conn")
+        else:
+            self.sel.unregister(self.conn)
+        self.watching_conn = on
+
+    def _take(self, conn: socket.socket, released: Optional[threading.Event]) -> None:
+        self.conn, self.released, self.frames = conn, released, FrameReader()
+        self._send(self.started())
+
+    def _let_go(self, error: Optional[str] = None) -> None:
+        """Stop serving the attached client (it hung up, or another one attached: `error`)."""
+        conn = self.conn
+        if conn is None:
+            return
+        self._watch_conn(False)
+        self.conn = None
+        if error is not None:
+            try:
+                send_frame(conn, {"ok": False, "error": {"code": "detached", "message": error}})
+            except OSError:
+                pass
+        try:
+            conn.shutdown(socket.SHUT_RDWR)  # its connection thread closes it
+        except OSError:
+            pass
+        if self.released is not None:
+            self.released.set()
+            self.released = None
+
+    def _send(self, header: Dict[str, Any], blobs: Sequence[bytes] = ()) -> bool:
+        if self.conn is None:
+            return False
+        try:
+            send_frame(self.conn, header, blobs)
+            return True
+        except OSError:
+            self._let_go()
+            return False
+
+    def supervise(self, conn: Optional[socket.socket]) -> None:
+        """Relay between the process and whichever client is attached (first `conn`, which
+        had the "started" frame) until it exits; then give its exit status to the client
+        attached, or keep it for the next attach."""
+        self.conn = conn
+        try:
+            self._relay()
+        finally:
+            self.sel.close()
+            code = _reaped(self.proc)
+            with self.lock:
+                self.code = code
+                arriving, self.arriving = self.arriving, []
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+            end = {"ok": True, "result": {"exit_code": code}}
+            self._send(end)
+            self._let_go()
+            for c, released in arriving:
+                try:
+                    send_frame(c, self.started())
+                    send_frame(c, end)
+                except OSError:
+                    pass
+                released.set()
+            # Kept for a later attach (a client may have hung up just as it was told).
+            with REGISTRY.lock:
+                ended = [k for k, lv in LIVE.items() if lv.code is not None]
+                for k in ended[: max(0, len(ended) - _ENDED_KEPT)]:
+                    del LIVE[k]
+
+    def _relay(self) -> None:
+        proc, sel = self.proc, self.sel
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
+        sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
+        sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+        self._watch_conn(True)
+        os.set_blocking(proc.stdin.fileno(), False)
+        pending = bytearray()  # stdin not yet taken by the process
+        writing = False
+        open_pipes = 2
+        pidfd = -1
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+            sel.register(pidfd, selectors.EVENT_READ, "exit")
+        except (AttributeError, OSError):
+            pidfd = -1
+        exited_at: Optional[float] = None
+        try:
+            while True:
+                now = time.monotonic()
+                if exited_at is None and pidfd < 0 and proc.poll() is not None:
+                    exited_at = now
+                if exited_at is not None and (open_pipes == 0 or now >= exited_at + LINGER_S):
+                    break
+                wait: Optional[float] = None
+                if exited_at is not None:
+                    wait = exited_at + LINGER_S - now
+                if pidfd < 0:
+                    poll = 0.005 if open_pipes == 0 else 0.05
+                    wait = poll if wait is None else min(wait, poll)
+                for key, _ in sel.select(wait if wait is None else max(wait, 0.0)):
+                    tag = key.data
+                    if tag == "stdout" or tag == "stderr":
+                        chunk = os.read(key.fd, CHUNK)
+                        if not chunk:
+                            sel.unregister(key.fileobj)
+                            key.fileobj.close()  # type: ignore[union-attr]
+                            open_pipes -= 1
+                        else:  # with no client attached: dropped
+                            self._send({"event": "output", "stream": tag}, [chunk])
+                    elif tag == "conn":
+                        conn = self.conn
+                        if conn is None or key.fileobj is not conn:
+                            continue  # let go earlier in this round
+                        try:
+                            data = conn.recv(CHUNK)
+                            frames = self.frames.feed(data) if data else None
+                        except (OSError, ValueError, RequestError):
+                            frames = None
+                        if frames is None:
+                            self._let_go()  # hung up (or garbage): the process runs on
+                            continue
+                        for header, blobs in frames:
+                            if header.get("op") == "stdin" and blobs and not proc.stdin.closed:
+                                pending += blobs[0]
+                    elif tag == "stdin":
+                        try:
+                            del pending[: os.write(key.fd, pending[:CHUNK])]
+                        except BlockingIOError:
+                            pass
+                        except OSError:  # the process closed its stdin: what it did not read is lost
+                            pending.clear()
+                            sel.unregister(key.fileobj)
+                            writing = False
+                            proc.stdin.close()
+                    elif tag == "exit":
+                        sel.unregister(key.fileobj)
+                        exited_at = time.monotonic()
+                    elif tag == "wake":
+                        os.read(self.wake_r, 64)
+                        with self.lock:
+                            arriving, self.arriving = self.arriving, []
+                        for c, released in arriving:  # the last to attach is served
+                            self._let_go("another client attached to this process")
+                            self._take(c, released)
+                        self._watch_conn(len(pending) <= _STDIN_HIGH)
+                if not proc.stdin.closed:
+                    if pending and not writing:
+                        sel.register(proc.stdin, selectors.EVENT_WRITE, "stdin")
+                        writing = True
+                    elif not pending and writing:
+                        sel.unregister(proc.stdin)
+                        writing = False
+                # A process that does not read its stdin: stop taking more from the client.
+                if len(pending) > _STDIN_HIGH:
+                    self._watch_conn(False)
+                elif len(pending) <= _STDIN_HIGH // 4:
+                    self._watch_conn(True)
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
+            for pipe in (proc.stdout, proc.stderr):
+                if not pipe.closed:  # still held by a background child (or we are failing)
+                    try:
+                        DRAINER.adopt(pipe)
+                    except RuntimeError:
+                        pipe.close()
+            if not proc.stdin.closed:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
+
+
+LIVE: Dict[str, Live] = {}  # by id, under REGISTRY.lock: running, or ended (the last _ENDED_KEPT)
+
+
+def _reaped(proc: subprocess.Popen[bytes]) -> int:
+    rc = proc.wait()
+    with REGISTRY.lock:
+        REGISTRY.pids.discard(proc.pid)
+    return 128 - rc if rc < 0 else rc
 
 
 def run_live(conn: socket.socket, h: Dict[str, Any]) -> None:
-    """A live process on this connection: {"event": "started", "pid"} once it runs, then
-    {"event": "output", "stream"} frames as output appears, then {"ok": true, "result":
-    {"exit_code"}}. Meanwhile the client may send {"op": "stdin"} frames (one blob each),
-    only after "started". No timeout and no output cap (the client reads as it goes; a
-    client that stops reading stalls the process's output). A client that hangs up leaves
-    the process running, stdin closed and output dropped, until it ends or execd does;
-    "signal" still reaches it by pid."""
+    """Start a live process for this connection: {"event": "started", "pid", "id"} once it
+    runs, then {"event": "output", "stream"} frames as output appears, then {"ok": true,
+    "result": {"exit_code"}}. Meanwhile the client may send {"op": "stdin"} frames (one blob
+    each), only after "started". No timeout and no output cap (the client reads as it goes;
+    a client that stops reading stalls the process's output). See `Live` for a client that
+    hangs up; "signal" reaches the process by pid."""
     argv = h.get("argv")
     if not argv or not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
         raise RequestError("bad_request", "argv must be a non-empty list of strings")
@@ -525,150 +739,43 @@ def run_live(conn: socket.socket, h: Dict[str, Any]) -> None:
         except OSError as exc:
             raise RequestError("spawn_failed", "cannot run %r: %s" % (argv[0], exc)) from None
         REGISTRY.pids.add(proc.pid)
-        LIVE.add(proc.pid)
+        live = Live(proc)
+        LIVE[live.id] = live
     _prefer_for_oom(proc.pid)
-    code = None
     try:
-        send_frame(conn, {"event": "started", "pid": proc.pid})
-        code = _stream_live(conn, proc)
-    except OSError:
-        pass  # the client went away
-    finally:
-        if code is None:
-            _detach(proc)
-    if code is not None:
-        try:
-            send_frame(conn, {"ok": True, "result": {"exit_code": code}})
-        except OSError:
-            pass
+        send_frame(conn, live.started())
+    except OSError:  # the client went away already: the process runs on without one
+        live.supervise(None)
+        return
+    live.supervise(conn)
 
 
-def _forget_live(proc: subprocess.Popen[bytes]) -> int:
-    rc = proc.wait()
+def attach_live(conn: socket.socket, h: Dict[str, Any]) -> None:
+    """Attach this connection to the live process `h["id"]`, as `run_live` describes from
+    its "started" frame on; a client attached before is let go (error "detached"). An ended
+    process answers "started" and its exit status at once."""
+    live_id = str(h.get("id") or "")
     with REGISTRY.lock:
-        REGISTRY.pids.discard(proc.pid)
-        LIVE.discard(proc.pid)
-    return 128 - rc if rc < 0 else rc
-
-
-def _detach(proc: subprocess.Popen[bytes]) -> None:
-    """The client is gone: the process runs on, stdin closed, its output read and dropped."""
-    if proc.stdin is not None and not proc.stdin.closed:
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-    for pipe in (proc.stdout, proc.stderr):
-        if pipe is not None and not pipe.closed:
-            try:
-                DRAINER.adopt(pipe)
-            except RuntimeError:  # no thread to be had: let the pipe go
-                pipe.close()
-    try:
-        threading.Thread(target=_forget_live, args=(proc,), name="live-wait", daemon=True).start()
-    except RuntimeError:
-        pass  # as PID 1 the orphan reaper collects it
-
-
-def _stream_live(conn: socket.socket, proc: subprocess.Popen[bytes]) -> Optional[int]:
-    """Relay until the process exits (its exit code) or the client hangs up (None)."""
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
-    sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
-    sel.register(conn, selectors.EVENT_READ, "conn")
-    reading_conn = True
-    os.set_blocking(proc.stdin.fileno(), False)
-    pending = bytearray()  # stdin not yet taken by the process
-    writing = False
-    open_pipes = 2
-    pidfd = -1
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-        sel.register(pidfd, selectors.EVENT_READ, "exit")
-    except (AttributeError, OSError):
-        pidfd = -1
-    frames = FrameReader()
-    exited_at: Optional[float] = None
-    try:
-        while True:
-            now = time.monotonic()
-            if exited_at is None and pidfd < 0 and proc.poll() is not None:
-                exited_at = now
-            if exited_at is not None and (open_pipes == 0 or now >= exited_at + LINGER_S):
-                break
-            wait: Optional[float] = None
-            if exited_at is not None:
-                wait = exited_at + LINGER_S - now
-            if pidfd < 0:
-                poll = 0.005 if open_pipes == 0 else 0.05
-                wait = poll if wait is None else min(wait, poll)
-            for key, _ in sel.select(wait if wait is None else max(wait, 0.0)):
-                tag = key.data
-                if tag == "stdout" or tag == "stderr":
-                    chunk = os.read(key.fd, CHUNK)
-                    if not chunk:
-                        sel.unregister(key.fileobj)
-                        key.fileobj.close()  # type: ignore[union-attr]
-                        open_pipes -= 1
-                    else:
-                        send_frame(conn, {"event": "output", "stream": tag}, [chunk])
-                elif tag == "conn":
-                    data = conn.recv(CHUNK)
-                    if not data:
-                        return None
-                    for header, blobs in frames.feed(data):
-                        if header.get("op") == "stdin" and blobs and not proc.stdin.closed:
-                            pending += blobs[0]
-                elif tag == "stdin":
-                    try:
-                        del pending[: os.write(key.fd, pending[:CHUNK])]
-                    except BlockingIOError:
-                        pass
-                    except OSError:  # the process closed its stdin: what it did not read is lost
-                        pending.clear()
-                        sel.unregister(key.fileobj)
-                        writing = False
-                        proc.stdin.close()
-                elif tag == "exit":
-                    sel.unregister(key.fileobj)
-                    exited_at = time.monotonic()
-            if not proc.stdin.closed:
-                if pending and not writing:
-                    sel.register(proc.stdin, selectors.EVENT_WRITE, "stdin")
-                    writing = True
-                elif not pending and writing:
-                    sel.unregister(proc.stdin)
-                    writing = False
-            # A process that does not read its stdin: stop taking more from the client.
-            if reading_conn and len(pending) > _STDIN_HIGH:
-                sel.unregister(conn)
-                reading_conn = False
-            elif not reading_conn and len(pending) <= _STDIN_HIGH // 4:
-                sel.register(conn, selectors.EVENT_READ, "conn")
-                reading_conn = True
-    finally:
-        sel.close()
-        if pidfd >= 0:
-            os.close(pidfd)
-    for pipe in (proc.stdout, proc.stderr):
-        if not pipe.closed:  # still held by a background child
-            try:
-                DRAINER.adopt(pipe)
-            except RuntimeError:
-                pipe.close()
-    if not proc.stdin.closed:
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-    return _forget_live(proc)
+        live = LIVE.get(live_id)
+    if live is None:
+        raise RequestError("not_found", "no live process %r here (never started here, or ended long ago)" % live_id)
+    released = threading.Event()
+    with live.lock:
+        code = live.code
+        if code is None:
+            live.arriving.append((conn, released))
+            os.write(live.wake_w, b"x")
+    if code is None:
+        released.wait()  # the supervisor serves this connection until then
+        return
+    send_frame(conn, live.started())
+    send_frame(conn, {"ok": True, "result": {"exit_code": code}})
 
 
 def signal_live(pid: int, signum: int) -> bool:
-    """Signal a live process's group; False when it is not (or no longer) one of ours."""
+    """Signal a running live process's group; False when it is not (or no longer) one of ours."""
     with REGISTRY.lock:
-        if pid not in LIVE:
+        if pid not in REGISTRY.pids or not any(lv.proc.pid == pid for lv in LIVE.values()):
             return False
     try:
         os.killpg(pid, signum)
@@ -991,6 +1098,8 @@ def handle(conn: socket.socket, h: Dict[str, Any], blobs: List[bytes], started: 
         handle_batch(conn, h, blobs)
     elif op == "live":
         run_live(conn, h)
+    elif op == "attach":
+        attach_live(conn, h)
     elif op == "reset":
         dirs = h.get("dirs")
         if not isinstance(dirs, list) or not all(isinstance(d, str) and d.startswith("/") for d in dirs):
@@ -1039,7 +1148,7 @@ def serve_connection(conn: socket.socket, started: float, ttl: Optional[float]) 
                 return
             except Exception as exc:  # report, keep serving
                 send_frame(conn, {"ok": False, "error": {"code": "internal", "message": repr(exc)}})
-            if header.get("op") == "live":
+            if header.get("op") in ("live", "attach"):
                 return  # a live process's connection carries nothing after it
     except OSError:
         return

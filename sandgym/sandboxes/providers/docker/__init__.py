@@ -6,7 +6,6 @@ Everything that knows about Docker lives in this folder:
 - transport.py  the `Transport` protocol: how commands and files reach a container
 - execd.py      the execd transport (unix socket, the default) and the host socket dirs
 - exec.py       the Docker exec API transport (images without python3)
-- live.py       live processes (stdin, signals, streamed output) over the Docker exec API
 - demux.py      Docker's attach stream: the one frame parser and socket reader
 - images.py     building the sandbox images with no container registry
 - pull.py       images from registries: pull policy, credentials, progress

@@ -1,6 +1,5 @@
 """Docker's attach stream: the hijacked connection of one `exec start`, and the one parser of
-its multiplexed frames. Both the exec transport (exec.py) and live processes (live.py) read
-commands' output through these.
+its multiplexed frames. The exec transport (exec.py) reads commands' output through these.
 
 A frame is an 8-byte header (stream id: 1 stdout, 2 stderr; 3 zero bytes; big-endian
 payload length) followed by the payload. Waiting for data uses poll(2), never select(2),

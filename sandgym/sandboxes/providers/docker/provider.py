@@ -65,7 +65,7 @@ from ...errors import SandboxCreateError, SandboxError, SandboxGoneError, SpecEr
 from ...execd import CONTAINER_SOCKET_DIR, EGRESS_PORT, EGRESS_SOCKET_NAME, LIFELINE_NAME, BatchJob, execd_command
 from ...execd.client import ExecdRequestError
 from ...execd.live import ExecdLiveProcess
-from ...live import LiveProcess
+from ...live import LiveHandle, LiveProcess
 from ...ownership import Lifeline, lifeline_grace_s, stamp_owner
 from ...result import EgressLogEntry, ExecResult, SandboxInfo
 from ...spec import LABEL_OWNER, EgressPolicy, SandboxSpec
@@ -74,7 +74,6 @@ from .events import ExitWatcher
 from .exec import KILLED_EXIT, DockerExecTransport
 from .execd import DockerExecdTransport, SocketDirs, execd_volumes
 from .images import build_missing
-from .live import DockerLiveProcess
 from .pull import Puller, PullProgress
 from .runtime import (
     GVISOR,
@@ -289,23 +288,33 @@ class DockerSandbox(Sandbox):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> LiveProcess:
-        """A live process on the sandbox's transport: execd runs it on a connection of its
-        own (execd/live.py: as fast as an exec); without execd the Docker exec API streams it
-        (live.py: three engine execs per process, each ~100 ms under gVisor)."""
+        """A live process (sandboxes/live.py): execd runs it on a connection of its own
+        (execd/live.py: as fast as an exec); a sandbox without execd, or whose execd predates
+        live processes (adopted across an upgrade), gets the exec-built one."""
         self._live()
         where = self.resolve(cwd) if cwd else None
         try:
             if isinstance(self.transport, DockerExecdTransport):
+                proc = ExecdLiveProcess(self.transport.client, live_argv(argv))
                 try:
-                    proc: LiveProcess = ExecdLiveProcess(self.transport.client, live_argv(argv))
                     await proc.start(env, where)
                     return proc
                 except ExecdRequestError as exc:
                     if exc.code != "bad_request" or "unknown op" not in str(exc):
                         raise
-                    # an execd from before live processes (a sandbox adopted across an upgrade)
-            proc = DockerLiveProcess(self._owner.api, self.id, live_argv(argv))
-            await proc.start(env, where)
+            return await super().start_live(argv, env=env, cwd=cwd)
+        except SandboxGoneError as exc:
+            raise await self._gone(exc) from None
+
+    async def attach_live(self, handle: LiveHandle, argv: Sequence[str]) -> LiveProcess:
+        self._live()
+        if handle.kind != ExecdLiveProcess.KIND:
+            return await super().attach_live(handle, argv)
+        if not isinstance(self.transport, DockerExecdTransport):
+            raise RuntimeError(f"live process {handle.pid} ran under execd, and sandbox {self.id[:12]} has none")
+        try:
+            proc = ExecdLiveProcess(self.transport.client, live_argv(argv), handle)
+            await proc.attach()
             return proc
         except SandboxGoneError as exc:
             raise await self._gone(exc) from None
@@ -1108,7 +1117,6 @@ class DockerProvider:
         if spec.egress is not None and box.sock_dir is not None:
             proxy, fwd = self._egress()
             box.egress_src = proxy.lease(name, spec.egress)
-            assert proxy.port is not None
             fwd.listen(box.sock_dir / EGRESS_SOCKET_NAME, box.egress_src)
         self._boxes[cid] = box
         return cid, box
@@ -1184,6 +1192,15 @@ class DockerProvider:
 
     async def remove(self, sandbox_id: str) -> None:
         await self._run(self._remove_blocking, sandbox_id)
+
+    async def drain_egress(self, timeout_s: float) -> int:
+        """Before leaving its sandboxes to another process: stop taking their new egress
+        connections (their relays wait for the next listener) and let transfers in progress
+        finish, up to `timeout_s`. Returns how many were still busy."""
+        fwd = self._forwarder
+        if fwd is None:
+            return 0
+        return await self._run(fwd.drain, timeout_s)
 
     async def aclose(self) -> None:
         self._watcher.close()

@@ -12,7 +12,9 @@ exec daemon) -- and serves:
 
 Every client opens a *session* with a lease; a session not renewed within its lease (its
 driver died or was cancelled) is closed here: its running work cancelled, its sandboxes
-destroyed. Containers carry `sandgym.node=<name>` and `sandgym.agent=<incarnation>`; an agent
+destroyed -- except those its client made as the platform's (`sandgym.owner_kind=platform`:
+`sandgym serve --ray --state-dir`), which outlive their client as they do on a single host:
+the agent keeps them (to their TTL) for the next server on that state to `adopt`. Containers carry `sandgym.node=<name>` and `sandgym.agent=<incarnation>`; an agent
 starting on a node removes the containers of that node whose agent process is gone -- what a
 node that died left behind is pruned by label when it returns.
 
@@ -36,7 +38,7 @@ import anyio
 from ...base import Command, ExecJob
 from ...errors import SandboxGoneError, SandboxLostError
 from ...manager import ManagedSandbox, SandboxManager
-from ...ownership import owner_alive
+from ...ownership import LABEL_OWNER_KIND, OWNER_PROCESS, owner_alive
 from ...result import ExecResult, SandboxInfo
 from ...spec import SandboxSpec
 from .cluster import default_node_cap
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 
 LABEL_NODE = "sandgym.node"
 LABEL_AGENT = "sandgym.agent"
+KEPT_CHECK_S = 30.0  # how often kept (client-less) sandboxes are checked for a container that ended
 
 
 @dataclass
@@ -87,6 +90,9 @@ class NodeAgent:
         self.runs = 0
         self._sessions: dict[str, _Session] = {}
         self._owner: dict[str, str] = {}  # sandbox id -> session id
+        # The platform's sandboxes whose session ended: sandbox, its client's labels.
+        self._kept: dict[str, tuple[ManagedSandbox, dict[str, str]]] = {}
+        self._kept_checked = time.monotonic()
         self.shared: dict[str, Any] = {}  # what `run` functions keep for every session (closed at shutdown)
         self.shared_lock = asyncio.Lock()
         self._ready = asyncio.Event()
@@ -132,6 +138,9 @@ class NodeAgent:
                     await self._expire_sessions()
                 for sid in list(self._sessions):
                     await self.close_session(sid)
+                for kept, _ in self._kept.values():  # the node stops: nothing outlives it
+                    await mgr.destroy(kept)
+                self._kept.clear()
                 for value in self.shared.values():
                     await _close(value)
         except BaseException as exc:
@@ -176,6 +185,7 @@ class NodeAgent:
             "waiting_creates": self.waiting_creates,
             "warm_pools": self.warm_pools(),
             "sessions": len(self._sessions),
+            "kept": len(self._kept),
             "provider": mgr.provider.name,
             "pruned": list(self.pruned),
             "runs": self.runs,
@@ -206,7 +216,8 @@ class NodeAgent:
         return {"live": mgr.live, "waiting_creates": self.waiting_creates}
 
     async def close_session(self, session_id: str) -> int:
-        """End a session: cancel its work, destroy its sandboxes, close what it stored."""
+        """End a session: cancel its work, destroy its sandboxes (keep the platform's), close
+        what it stored. Returns how many sandboxes it held."""
         sess = self._sessions.pop(session_id, None)
         if sess is None:
             return 0
@@ -217,6 +228,10 @@ class NodeAgent:
         with anyio.CancelScope(shield=True):
             for sid, sb in list(sess.sandboxes.items()):
                 self._owner.pop(sid, None)
+                labels = sess.labels.get(sid, {})
+                if labels.get(LABEL_OWNER_KIND, OWNER_PROCESS) != OWNER_PROCESS:
+                    self._kept[sid] = (sb, labels)  # for the next server on its state to adopt
+                    continue
                 await mgr.destroy(sb)
             for spec, _ in sess.warm.values():  # pools nobody asks for any more go
                 await mgr.cool(spec, self._pool_wanted(spec))
@@ -230,6 +245,12 @@ class NodeAgent:
             if now - sess.last_seen > sess.lease_s:
                 log.warning("node %s: session %s missed its %.0fs lease; closing it", self.name, sess.id, sess.lease_s)
                 await self.close_session(sess.id)
+        if self._kept and now - self._kept_checked > KEPT_CHECK_S and self.mgr is not None:
+            self._kept_checked = now
+            for sid, (sb, _) in list(self._kept.items()):
+                if not await sb.alive():  # its TTL ended it: free the slot
+                    self._kept.pop(sid, None)
+                    await self.mgr.destroy(sb)
 
     def _session(self, session_id: str) -> _Session:
         sess = self._sessions.get(session_id)
@@ -261,6 +282,28 @@ class NodeAgent:
         self._owner[sb.id] = session_id
         return sb.id
 
+    async def adopt(self, session_id: str, sandbox_id: str) -> bool:
+        """Move a running sandbox of this node into the session: one kept after its session
+        ended, or one still in the session of a client that went away (a server restarted
+        before its old session's lease ran out). False when the node has no such sandbox."""
+        sess = self._session(session_id)
+        old = self._sessions.get(self._owner.get(sandbox_id, ""))
+        if old is not None and sandbox_id in old.sandboxes:
+            sb, labels = old.sandboxes.pop(sandbox_id), old.labels.pop(sandbox_id, {})
+        elif sandbox_id in self._kept:
+            sb, labels = self._kept.pop(sandbox_id)
+        else:
+            return False
+        if not await sb.alive():
+            self._owner.pop(sandbox_id, None)
+            if self.mgr is not None:
+                await self.mgr.destroy(sb)
+            return False
+        sess.sandboxes[sandbox_id] = sb
+        sess.labels[sandbox_id] = labels
+        self._owner[sandbox_id] = session_id
+        return True
+
     def _sandbox(self, sandbox_id: str) -> ManagedSandbox:
         sid = self._owner.get(sandbox_id)
         sess = self._sessions.get(sid) if sid else None
@@ -272,6 +315,10 @@ class NodeAgent:
         return sb
 
     async def destroy(self, sandbox_id: str) -> None:
+        kept = self._kept.pop(sandbox_id, None)
+        if kept is not None and self.mgr is not None:
+            await self.mgr.destroy(kept[0])
+            return
         sid = self._owner.pop(sandbox_id, None)
         sess = self._sessions.get(sid) if sid else None
         if sess is None:
@@ -323,7 +370,8 @@ class NodeAgent:
         for info in await mgr.provider.list({LABEL_NODE: self.name}):
             sid = self._owner.get(info.id)
             sess = self._sessions.get(sid) if sid else None
-            shown = {**info.labels, **(sess.labels.get(info.id, {}) if sess else {})}
+            client = sess.labels.get(info.id, {}) if sess else self._kept.get(info.id, (None, {}))[1]
+            shown = {**info.labels, **client}
             if labels and any(shown.get(k) != v for k, v in labels.items()):
                 continue
             out.append(info.model_copy(update={"labels": shown}))
@@ -331,7 +379,7 @@ class NodeAgent:
 
     async def remove(self, sandbox_id: str) -> bool:
         """Remove a sandbox of this node, whoever made it; False when it is not this node's."""
-        if sandbox_id in self._owner:
+        if sandbox_id in self._owner or sandbox_id in self._kept:
             await self.destroy(sandbox_id)
             return True
         mgr = await self._started()

@@ -29,8 +29,10 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -222,6 +224,8 @@ def connect(address: str | None, *, probe_s: float = 10.0) -> ModuleType:
                 f"RAY_AUTH_MODE=token but this driver has no Ray token to join {address} with: set RAY_AUTH_TOKEN, "
                 f"RAY_AUTH_TOKEN_PATH, or copy the cluster's token to {default_token_path()}"
             )
+        main = threading.current_thread() is threading.main_thread()
+        ours = signal.getsignal(signal.SIGTERM) if main else None
         try:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, include_dashboard=False)
         except ConnectionError as exc:
@@ -231,6 +235,11 @@ def connect(address: str | None, *, probe_s: float = 10.0) -> ModuleType:
                 f"token from {token_source() or 'nowhere'}; a cluster with token authentication needs its token "
                 "here: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
             ) from exc
+        finally:
+            if main and callable(ours):
+                # ray.init makes SIGTERM sys.exit(15) (a traceback mid-request); a process that
+                # handles SIGTERM itself (`sandgym serve` drains) keeps its handler.
+                signal.signal(signal.SIGTERM, ours)
     return ray
 
 

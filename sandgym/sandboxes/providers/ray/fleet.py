@@ -17,7 +17,9 @@
   new Ray node) gets a new agent, which prunes the containers the dead one left. Nothing
   waits on a dead node: every wait is woken by the monitor or bounded (`node_wait_s`).
 - Sessions: the fleet renews its session on every agent (`lease_s`); if this driver dies,
-  agents destroy its sandboxes once the lease runs out.
+  agents destroy its sandboxes once the lease runs out -- but keep those made with the
+  label `sandgym.owner_kind=platform` (a `sandgym serve --ray` with state), which the next
+  server's fleet `adopt`s.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 
 import anyio
 
-from ...errors import SandboxCreateError, SandboxError, SandboxLostError, SpecError
+from ...errors import SandboxCreateError, SandboxError, SandboxGoneError, SandboxLostError, SpecError
 from ...result import SandboxInfo
 from ...spec import SandboxSpec
 from .cluster import NAMESPACE, NODE_RESOURCE_PREFIX, connect, node_name_of
@@ -504,6 +506,33 @@ class Fleet:
         async with anyio.create_task_group() as tg:
             for node in self.ready_nodes():
                 tg.start_soon(self.call, node, "warm", self.session, spec, min(per_node, node.limit))
+
+    async def adopt(self, sandbox_id: str, spec: SandboxSpec) -> Any:
+        """A running sandbox made by an earlier client (a platform server before its
+        restart), moved into this fleet's session on whichever node holds it.
+        SandboxGoneError when no node does."""
+        from .provider import RaySandbox
+
+        await self.start()
+        for node in self.ready_nodes():
+            try:
+                found = await self.call(node, "adopt", self.session, sandbox_id)
+            except SandboxError as exc:
+                log.warning("adopt on node %s failed: %r", node.name, exc)
+                continue
+            if found:
+                node.held.add(sandbox_id)
+                self._where[sandbox_id] = node
+                self.notify()
+                return RaySandbox(self, node, sandbox_id, spec)
+        raise SandboxGoneError(f"sandbox {sandbox_id} is running on no sandgym node", reason="LOST")
+
+    def forget(self, sandbox_id: str) -> None:
+        """Stop tracking a sandbox without destroying it (its client detached from it)."""
+        node = self._where.pop(sandbox_id, None)
+        if node is not None:
+            node.held.discard(sandbox_id)
+            self.notify()
 
     async def destroy(self, sandbox_id: str) -> None:
         node = self._where.pop(sandbox_id, None)

@@ -85,6 +85,12 @@ class RaySandbox(Sandbox):
         self._closed = True
         await self.fleet.destroy(self.id)
 
+    async def detach(self) -> None:
+        """Let go without destroying: a platform sandbox stays on its node for `adopt`."""
+        if not self._closed:
+            self._closed = True
+            self.fleet.forget(self.id)
+
 
 class RayProvider:
     """Sandboxes on the sandgym nodes of a Ray cluster (fleet.py). Options are the Fleet's:
@@ -106,6 +112,12 @@ class RayProvider:
 
     async def list(self, labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
         return await self.fleet.list(labels)
+
+    async def adopt(self, sandbox_id: str, spec: SandboxSpec) -> RaySandbox:
+        """A platform sandbox made before a server restart (see fleet.py), as a sandbox
+        again; SandboxGoneError when no node holds it running."""
+        sb: RaySandbox = await self.fleet.adopt(sandbox_id, spec)
+        return sb
 
     async def remove(self, sandbox_id: str) -> None:
         await self.fleet.remove(sandbox_id)

@@ -1,0 +1,93 @@
+"""The server's listening socket, which outlives any one server process.
+
+- **Socket activation** (systemd's protocol, sd_listen_fds(3)): a parent that holds the
+  listening socket (systemd's `.socket` unit, `systemd-socket-activate`, or this process
+  before a re-exec) passes it as fd 3 with `LISTEN_FDS=1` and `LISTEN_PID=<our pid>`. The
+  socket stays open while the server restarts, so a client connecting meanwhile waits in
+  the kernel's backlog instead of being refused.
+- **Re-exec** (SIGHUP): the server execs itself in place (same pid) with its socket at fd 3
+  and the same variables set, which is socket activation by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from collections.abc import Mapping
+
+log = logging.getLogger(__name__)
+
+LISTEN_FDS_START = 3  # SD_LISTEN_FDS_START
+BACKLOG = 2048  # connections the kernel holds while no process accepts (a restart)
+
+
+class ActivationError(Exception):
+    """LISTEN_FDS names a descriptor that is not a listening stream socket."""
+
+
+def inherited_socket(environ: dict[str, str] | None = None) -> socket.socket | None:
+    """The listening socket passed by LISTEN_FDS/LISTEN_PID, or None when none was passed
+    to this process. The variables are removed (as sd_listen_fds does) so children do not
+    take the socket for theirs; the descriptor is made close-on-exec."""
+    env = os.environ if environ is None else environ
+    pid, fds = env.get("LISTEN_PID"), env.get("LISTEN_FDS")
+    for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        env.pop(name, None)
+    if not fds or pid != str(os.getpid()):
+        return None
+    try:
+        count = int(fds)
+    except ValueError:
+        raise ActivationError(f"LISTEN_FDS={fds!r} is not a number") from None
+    if count < 1:
+        return None
+    if count > 1:
+        log.warning("LISTEN_FDS=%d: serving on the first socket (fd %d) only", count, LISTEN_FDS_START)
+    try:
+        sock = socket.socket(fileno=LISTEN_FDS_START)
+    except OSError as exc:
+        raise ActivationError(f"fd {LISTEN_FDS_START} from LISTEN_FDS is not a socket: {exc}") from None
+    if sock.type != socket.SOCK_STREAM or not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        sock.detach()
+        raise ActivationError(f"fd {LISTEN_FDS_START} from LISTEN_FDS is not a listening stream socket")
+    sock.set_inheritable(False)
+    return sock
+
+
+def bind_socket(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
+    """A listening TCP socket on host:port (IPv6 when host is an IPv6 address)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def describe(sock: socket.socket) -> str:
+    addr = sock.getsockname()
+    if isinstance(addr, tuple):
+        host, port = addr[0], addr[1]
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"unix:{addr}"
+
+
+def reexec(fd: int, argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> None:
+    """Replace this process (same pid) by a fresh run of the same command line, handing it
+    the listening socket `fd` as fd 3 by the socket-activation protocol. Does not return."""
+    if fd == LISTEN_FDS_START:
+        os.set_inheritable(fd, True)
+    else:
+        os.dup2(fd, LISTEN_FDS_START, inheritable=True)
+    env = dict(os.environ if environ is None else environ)
+    env.update(LISTEN_FDS="1", LISTEN_PID=str(os.getpid()), LISTEN_FDNAMES="http")
+    args = list(argv if argv is not None else sys.orig_argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, args, env)
