@@ -3,7 +3,8 @@ restarts clients do not notice.
 
 - SIGTERM / SIGINT: **drain**. Stop accepting (the socket stays open in whoever holds it:
   systemd's socket unit, or nobody when we bound it ourselves), close idle keep-alive
-  connections, let in-flight requests finish for up to `drain_s`, cut what is still running
+  connections once clients have moved off them (every response says `Connection: close`
+  meanwhile), let in-flight requests finish for up to `drain_s`, cut what is still running
   past that, detach from the sandboxes (they keep running for the next server on the same
   state) and exit 0. Live-process streams are ended at once: the SDK re-attaches to the
   process (its `Connect`), which the next server serves.
@@ -23,14 +24,17 @@ import asyncio
 import contextlib
 import fcntl
 import logging
+import math
 import os
 import signal
 import socket
 import sys
 import termios
 import threading
+import time
 from collections.abc import Callable, Generator
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -39,6 +43,7 @@ from . import sockets
 log = logging.getLogger("sandgym.serve")
 
 DEFAULT_DRAIN_S = 20.0  # below prime-sandboxes' 30 s read timeout, which queued requests wait out
+QUIET_S = 0.5  # no request started or ended for this long: idle connections are not in use
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -58,9 +63,15 @@ class PlatformServer(uvicorn.Server):
     """uvicorn.Server with the signals above; `run_forever` re-execs on SIGHUP."""
 
     def __init__(
-        self, config: uvicorn.Config, *, on_drain: Callable[[], None] | None = None, held: list[int] | None = None
+        self,
+        config: uvicorn.Config,
+        *,
+        on_drain: Callable[[], None] | None = None,
+        held: list[int] | None = None,
+        traffic: Traffic | None = None,
     ) -> None:
         super().__init__(config)
+        self._traffic = traffic
         self.restart = False
         self.signal_name: str | None = None
         self._on_drain = on_drain
@@ -107,20 +118,59 @@ class PlatformServer(uvicorn.Server):
             self._on_drain()
         for server in self.servers:
             server.close()  # stop accepting; what arrives from now on waits in the backlog
-        await self._start_arrived_requests()
+        if self._traffic is not None:
+            self._traffic.draining = True
+            bound = self.config.timeout_graceful_shutdown
+            spent = await self._quiesce(float(bound) if bound is not None else DEFAULT_DRAIN_S)
+            if bound is not None:
+                self.config.timeout_graceful_shutdown = max(0, math.ceil(bound - spent))
         await super().shutdown(sockets=sockets)
 
-    async def _start_arrived_requests(self, bound_s: float = 1.0) -> None:
-        """uvicorn closes every connection without a request in progress at once; one that
-        was just accepted, or kept alive, may already hold a request not yet read (its client
-        would see a reset). Wait (briefly) until no idle connection has unread bytes."""
+    async def _quiesce(self, bound_s: float) -> float:
+        """uvicorn closes every kept-alive connection without a request in progress at once;
+        a client sending its next request on one at that moment gets a reset (and the SDK
+        does not retry an exec). So first let the clients move off them: every response
+        from now on says `Connection: close` (Traffic), so a busy client gets its answer and
+        opens a new connection, which waits in the backlog for the next server. Wait until
+        no request has started or ended for QUIET_S and no idle connection holds unread
+        bytes (at most `bound_s`): what is left idle then is not in use. Returns the time
+        spent."""
+        assert self._traffic is not None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + bound_s
+        start = loop.time()
         await asyncio.sleep(0.05)  # connections accepted just before the stop get their protocol
-        while loop.time() < deadline:
-            if not any(_idle(c) and _unread(c) for c in list(self.server_state.connections)):
-                return
-            await asyncio.sleep(0.01)
+        while loop.time() - start < bound_s:
+            quiet = time.monotonic() - self._traffic.last_activity >= QUIET_S
+            if quiet and not any(_idle(c) and _unread(c) for c in list(self.server_state.connections)):
+                break
+            await asyncio.sleep(0.02)
+        return loop.time() - start
+
+
+class Traffic:
+    """ASGI wrapper that notes when requests start and end and, once `draining`, answers
+    every request with `Connection: close` (see PlatformServer._quiesce)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.draining = False
+        self.last_activity = time.monotonic()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_closing(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start" and self.draining:
+                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        self.last_activity = time.monotonic()
+        try:
+            await self.app(scope, receive, send_closing)
+        finally:
+            self.last_activity = time.monotonic()
 
 
 def _idle(connection: object) -> bool:
@@ -157,8 +207,9 @@ def serve(
     # uvicorn closes the socket it serves on when it stops accepting; this duplicate keeps
     # the listening socket open (and its backlog filling) until the re-exec hands it over.
     keep = os.dup(sock.fileno())
+    traffic = Traffic(app)
     config = uvicorn.Config(
-        app,  # type: ignore[arg-type]  # an ASGI app; uvicorn's annotation wants its own protocol type
+        traffic,
         log_level=log_level,
         timeout_keep_alive=timeout_keep_alive,
         timeout_graceful_shutdown=max(0, round(drain_s)),
@@ -166,7 +217,7 @@ def serve(
         lifespan="on",
     )
     held = held if held is not None else hold_signals()
-    server = PlatformServer(config, on_drain=on_drain, held=held)
+    server = PlatformServer(config, on_drain=on_drain, held=held, traffic=traffic)
     server.run(sockets=[sock])
     if server.restart:
         # From here to the new process's hold_signals, signals wait in the kernel.
