@@ -48,6 +48,8 @@ _IDLE_POLL_S = 0.5
 _BUSY_POLL_S = 2.0
 # Once the main process has exited: read on until this much silence (or _DRAIN_S in all).
 _DRAIN_QUIET_S = 0.2
+# Once nothing of the command is left: how long its stream may take to end (a loaded engine).
+_EOF_WAIT_S = 10.0
 _MISSING = 3  # exit code our file helpers use for "no such file"
 _IS_DIR = 4
 
@@ -67,6 +69,13 @@ while [ $pass -lt 5 ]; do
   pass=$((pass+1))
 done
 exit 0"""
+
+# Exit 0 when a process carries the token, 1 when none does.
+_HELD = r"""for d in /proc/[0-9]*; do
+  [ "${d#/proc/}" = "$$" ] && continue
+  grep -qsF "SANDGYM_EXEC_ID=$0" "$d/environ" 2>/dev/null && exit 0
+done
+exit 1"""
 
 _WRITE = 'set -e; mkdir -p -- "$(dirname -- "$1")"; cat > "$1"; chmod "$2" "$1"'
 _READ = '[ -e "$1" ] || exit 3; [ -d "$1" ] && exit 4; exec cat -- "$1"'
@@ -158,6 +167,7 @@ class DockerExecTransport:
             deadline = started + timeout + (_BACKSTOP_S if wrapped else 0.0)
             last_data = last_poll = time.monotonic()
             exited_at: float | None = None
+            held = True
             while True:
                 now = time.monotonic()
                 if not killed and (now >= deadline or cancel.is_set()):
@@ -168,7 +178,8 @@ class DockerExecTransport:
                 if killed and now >= deadline:
                     break  # something outside our reach holds the stream; give up on it
                 if exited_at is not None and (
-                    now - last_data >= _DRAIN_QUIET_S or now - exited_at >= _DRAIN_S
+                    (held and now - last_data >= _DRAIN_QUIET_S)
+                    or now - exited_at >= (_DRAIN_S if held else _EOF_WAIT_S)
                 ):
                     break  # exited, and what it left in flight has arrived
                 wait = _DRAIN_QUIET_S if exited_at is not None else _IDLE_POLL_S
@@ -188,6 +199,11 @@ class DockerExecTransport:
                     last_poll = now
                     if not self._running(exec_id):
                         exited_at = now
+                        # Nothing of the command's left holding its output: the stream's end
+                        # is on its way (late on a loaded machine: wait for it, or the output
+                        # is lost under exit 0). A background child holding it: a quiet
+                        # spell is the end.
+                        held = self._held(token)
         finally:
             stream.close()
         code = self._exit_code(exec_id)
@@ -252,6 +268,15 @@ class DockerExecTransport:
                 return int(info["ExitCode"])
             time.sleep(0.02)
         return KILLED_EXIT if info.get("ExitCode") is None else int(info["ExitCode"])
+
+    def _held(self, token: str) -> bool:
+        """Whether a process carrying `token` still runs (true when that cannot be told)."""
+        try:
+            exec_id = self.api.exec_create(self.container_id, ["sh", "-c", _HELD, token])["Id"]
+            self.api.exec_start(exec_id)
+            return self._exit_code(exec_id) != 1
+        except docker.errors.APIError:
+            return True
 
     def _sweep(self, token: str) -> None:
         """Kill every process carrying `token` (best effort; the pids limit may refuse)."""
