@@ -122,16 +122,6 @@ class Rubric:
         return list(states)
 
 
-class RubricGroup(Rubric):
-    """Several rubrics summed (e.g. a task rubric plus a format rubric)."""
-
-    def __init__(self, rubrics: Sequence[Rubric]) -> None:
-        super().__init__(parser=rubrics[0].parser if rubrics else None)
-        for r in rubrics:
-            self.funcs.extend(r.funcs)
-            self.group_funcs.extend(r.group_funcs)
-
-
 JUDGE_PROMPT = """Given a ground-truth answer and a response, decide whether the response is correct.
 
 Question:
