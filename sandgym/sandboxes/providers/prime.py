@@ -30,10 +30,9 @@ import anyio
 from ..base import Command, Sandbox, as_bytes, shell_argv
 from ..errors import SandboxCreateError, SandboxError, SandboxFileNotFound, SandboxGoneError, SpecError
 from ..output import CappedBuffer
-from ..result import ExecResult, SandboxInfo
+from ..result import TIMEOUT_EXIT, ExecResult, SandboxInfo
 from ..spec import EgressPolicy, SandboxSpec
 
-TIMEOUT_EXIT = 124
 _DEADLINE_GRACE_MS = 5000
 _LABEL_SEP = "="
 _PAGE = 100
