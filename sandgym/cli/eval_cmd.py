@@ -120,7 +120,7 @@ def eval_command(
     check_provider(provider)
     run_dir = resume or output
     # Whether the folder may be used (a fresh run, or a resume of the same run) is
-    # sandgym.run_folder's rule, checked by run_eval and run_distributed_eval alike.
+    # sandgym.run_folder's rule, checked by run_eval and run_fleet_eval alike.
     if resume is not None and output is not None and output != resume:
         raise typer.BadParameter("--resume DIR continues the run in DIR; do not also give a different --output")
     if run_dir is None:
@@ -178,9 +178,9 @@ def eval_command(
         progress.update(task_id, advance=1, reward=totals["reward"] / totals["n"], errors=totals["errors"])
 
     async def _run_on_ray() -> dict[str, Any]:
-        # The rollouts run on the cluster's node agents (sandgym.fleet.distributed); the
+        # The rollouts run on the cluster's node agents (sandgym.fleet.driver); the
         # environment and the policy are rebuilt there from their names and arguments.
-        from sandgym.fleet.distributed import run_distributed_eval
+        from sandgym.fleet.driver import run_fleet_eval
         from sandgym.fleet.jobs import ClientSpec, EnvSpec
 
         client_spec = (
@@ -188,7 +188,7 @@ def eval_command(
             if policy
             else ClientSpec(model=model_name, base_url=base_url, api_key=api_key or "EMPTY", timeout_s=timeout_s, max_retries=max_retries)
         )
-        return await run_distributed_eval(
+        return await run_fleet_eval(
             env, EnvSpec(name=env_name, args=env_kwargs), client_spec, address=ray, output_dir=run_dir,
             num_examples=num_examples, rollouts_per_example=rollouts, concurrency=concurrency, node_retries=node_retries,
             sampling_args=sampling, fleet_options={"agent_provider": "docker" if provider == "ray" else provider},

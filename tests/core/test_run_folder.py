@@ -128,7 +128,7 @@ def test_meta_and_summary_are_read_only_when_whole(tmp_path: Path) -> None:
 
 def test_eval_refuses_another_runs_folder_alike_on_one_machine_and_on_ray(tmp_path: Path) -> None:
     """The folder's rule is checked before anything runs, by run_eval and by
-    run_distributed_eval alike, so `--ray` needs no cluster to refuse (nothing listens at
+    run_fleet_eval alike, so `--ray` needs no cluster to refuse (nothing listens at
     the address given): the same one line, exit 2."""
     run = tmp_path / "run"
     first = _eval("tool_use", "--policy", "oracle", "-a", "num_tasks=2", "-o", str(run), "--provider", "local")
