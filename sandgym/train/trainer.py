@@ -372,7 +372,7 @@ class Trainer:
 
     @contextlib.contextmanager
     def generation(self) -> Any:
-        """Rank 0: the backend, the rollout source's session and the pipeline, for the run."""
+        """Rank 0: the backend, the rollout source's sandbox session and the pipeline, for the run."""
         cfg, backend, source = self.cfg, self.backend, self.source
         assert backend is not None and source is not None
         with contextlib.ExitStack() as stack:
@@ -386,7 +386,7 @@ class Trainer:
                 )
             log.info("inference backend %s at %s; attention kernel %s", backend.name, backend.base_url, self.policy.kernel)
             portal = self._portal = stack.enter_context(anyio.from_thread.start_blocking_portal())
-            stack.enter_context(portal.wrap_async_context_manager(source.session()))
+            stack.enter_context(portal.wrap_async_context_manager(source.sandbox_session()))
             r = cfg.rollout
             pipe = self.pipeline = RolloutPipeline(
                 source,
