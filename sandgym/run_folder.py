@@ -45,10 +45,6 @@ from .errors import UserError
 META = "meta.json"
 RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
-# Before run folders were one module, SWE runs wrote their meta as run.json and `sandgym swe
-# validate` its summary as validation.json: still read (a resume reads the meta; the viewer both).
-OLD_META = ("run.json",)
-OLD_SUMMARY = ("validation.json",)
 
 KeyFn = Callable[[Mapping[str, Any]], Hashable]
 
@@ -93,28 +89,24 @@ def as_json(doc: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _read_doc(root: Path, names: Iterable[str]) -> dict[str, Any] | None:
-    """The first of `names` in `root` that holds a JSON object (None: none does)."""
-    for name in names:
-        try:
-            doc = json.loads((root / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict):
-            return doc
-    return None
+def _read_doc(path: Path) -> dict[str, Any] | None:
+    """The JSON object in `path` (None: no such file, or not a JSON object)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def read_meta(root: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The meta of the run a folder holds: meta.json, else an older SWE run's run.json (None:
-    no readable meta)."""
-    return _read_doc(Path(root), (META, *OLD_META))
+    """The meta of the run a folder holds (None: no readable meta.json)."""
+    return _read_doc(Path(root) / META)
 
 
 def read_summary(root: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The summary of a run that ended: summary.json, else an older SWE validation's
-    validation.json (None: none readable; a run still going, or killed, has none yet)."""
-    return _read_doc(Path(root), (SUMMARY, *OLD_SUMMARY))
+    """The summary of a run that ended (None: none readable; a run still going, or killed,
+    has none yet)."""
+    return _read_doc(Path(root) / SUMMARY)
 
 
 def read_records(path: Path, key: KeyFn) -> tuple[dict[Hashable, dict[str, Any]], dict[Hashable, str], bool]:

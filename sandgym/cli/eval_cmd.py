@@ -54,8 +54,8 @@ def default_concurrency() -> int:
 
 def eval_command(
     env_name: str = typer.Argument(..., metavar="ENV", help="Environment: a name listed below, a dotted module path, or an installed module with load_environment(**kwargs)."),
-    num_examples: int = typer.Option(-1, "-n", "--num-examples", help="Examples to evaluate (-1: all)."),
-    rollouts: int = typer.Option(1, "-r", "--rollouts", help="Rollouts per example (pass@k up to this)."),
+    num_examples: Optional[int] = typer.Option(None, "-n", "--num-examples", help="Examples to evaluate (-1: all; default all, or a resumed run's own)."),
+    rollouts: Optional[int] = typer.Option(None, "-r", "--rollouts", help="Rollouts per example (pass@k up to this; default 1, or a resumed run's own)."),
     concurrency: Optional[int] = typer.Option(None, "-c", "--concurrency", help="Rollouts in flight (default: 4 per core, 2..16)."),
     model: Optional[str] = typer.Option(None, "-m", "--model", help="Model name at --base-url."),
     base_url: Optional[str] = typer.Option(None, "--base-url", "-b", help="OpenAI-compatible base URL (e.g. http://127.0.0.1:8000/v1)."),
@@ -64,9 +64,9 @@ def eval_command(
     checkpoint: Optional[Path] = typer.Option(
         None, "--checkpoint", help="A `sandgym sft` or `sandgym train` run folder (its newest checkpoint) or checkpoint: serve it with the built-in transformers backend and evaluate it."
     ),
-    provider: str = typer.Option("docker", "--provider", help="Sandbox provider: docker, local or prime."),
+    provider: Optional[str] = typer.Option(None, "--provider", help="Sandbox provider: docker (default), local, prime or ray."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory (default: runs/eval-ENV-TIME)."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Resume the run in this directory: skip rollouts already recorded."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Resume the run in this directory: skip rollouts already recorded. What is not given again (model or policy, env args, sampling, provider, examples, rollouts) is the run's own, from its meta.json."),
     env_arg: list[str] = typer.Option([], "--env-arg", "-a", help="KEY=VALUE (JSON value) or a JSON object for load_environment."),
     temperature: Optional[float] = typer.Option(None, "--temperature", "-t"),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens"),
@@ -103,6 +103,7 @@ def eval_command(
     from sandgym.core.evaluation import infra_failure_note, run_eval
     from sandgym.core.policies import get_policy
     from sandgym.errors import UserError
+    from sandgym.run_folder import read_meta
 
     show_tracebacks(verbose)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -111,6 +112,37 @@ def eval_command(
 
     if sum(map(bool, (policy, model or base_url, checkpoint))) > 1:
         raise typer.BadParameter("give one of --policy, --model/--base-url or --checkpoint")
+    if resume is not None and (meta := read_meta(resume)) is not None:
+        # The run's own settings, for what this command does not say again.
+        kept = []
+        if not (policy or model or base_url or checkpoint):
+            policy, base_url, checkpoint = meta.get("policy"), meta.get("base_url"), meta.get("checkpoint")
+            checkpoint = Path(checkpoint) if checkpoint else None
+            model = meta.get("model") if base_url else None
+            kept.append(f"policy {policy}" if policy else f"checkpoint {checkpoint}" if checkpoint else f"model {model} at {base_url}")
+        if not env_arg and meta.get("env_args"):
+            env_arg = [json.dumps(meta["env_args"])]
+            kept.append(f"env args {env_arg[0]}")
+        sampling_meta = meta.get("sampling_args") or {}
+        if temperature is None and "temperature" in sampling_meta:
+            temperature = sampling_meta["temperature"]
+            kept.append(f"temperature {temperature}")
+        if max_tokens is None and "max_tokens" in sampling_meta:
+            max_tokens = sampling_meta["max_tokens"]
+            kept.append(f"max tokens {max_tokens}")
+        if provider is None and meta.get("provider"):
+            provider = str(meta["provider"])
+            kept.append(f"provider {provider}")
+        if num_examples is None and isinstance(meta.get("num_examples"), int):
+            num_examples = meta["num_examples"]
+        if rollouts is None and isinstance(meta.get("rollouts_per_example"), int):
+            rollouts = meta["rollouts_per_example"]
+        examples = "all" if num_examples in (None, -1) else str(num_examples)
+        err.print(f"resuming {resume} with its own " + ", ".join([*kept, f"{examples} examples x {rollouts or 1} rollouts"]),
+                  soft_wrap=True, markup=False, highlight=False)
+    provider = provider or "docker"
+    num_examples = -1 if num_examples is None else num_examples
+    rollouts = 1 if rollouts is None else rollouts
     if not policy and not base_url and not checkpoint:
         raise typer.BadParameter("give --base-url (and --model) for a model, --checkpoint for a trained run, or --policy oracle|null")
     if checkpoint is not None:
@@ -120,7 +152,7 @@ def eval_command(
     check_provider(provider)
     run_dir = resume or output
     # Whether the folder may be used (a fresh run, or a resume of the same run) is
-    # sandgym.run_folder's rule, checked by run_eval and run_distributed_eval alike.
+    # sandgym.run_folder's rule, checked by run_eval and run_fleet_eval alike.
     if resume is not None and output is not None and output != resume:
         raise typer.BadParameter("--resume DIR continues the run in DIR; do not also give a different --output")
     if run_dir is None:
@@ -178,9 +210,9 @@ def eval_command(
         progress.update(task_id, advance=1, reward=totals["reward"] / totals["n"], errors=totals["errors"])
 
     async def _run_on_ray() -> dict[str, Any]:
-        # The rollouts run on the cluster's node agents (sandgym.fleet.distributed); the
+        # The rollouts run on the cluster's node agents (sandgym.fleet.driver); the
         # environment and the policy are rebuilt there from their names and arguments.
-        from sandgym.fleet.distributed import run_distributed_eval
+        from sandgym.fleet.driver import run_fleet_eval
         from sandgym.fleet.jobs import ClientSpec, EnvSpec
 
         client_spec = (
@@ -188,7 +220,7 @@ def eval_command(
             if policy
             else ClientSpec(model=model_name, base_url=base_url, api_key=api_key or "EMPTY", timeout_s=timeout_s, max_retries=max_retries)
         )
-        return await run_distributed_eval(
+        return await run_fleet_eval(
             env, EnvSpec(name=env_name, args=env_kwargs), client_spec, address=ray, output_dir=run_dir,
             num_examples=num_examples, rollouts_per_example=rollouts, concurrency=concurrency, node_retries=node_retries,
             sampling_args=sampling, fleet_options={"agent_provider": "docker" if provider == "ray" else provider},

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # docker's SDK is imported when a command needs it
 err = LazyConsole(stderr=True)
 out = LazyConsole()
 
-ProviderOpt = Annotated[str, typer.Option("--provider", "-p", help="docker, local or prime.")]
+ProviderOpt = Annotated[str, typer.Option("--provider", "-p", help="docker, local, prime or ray.")]
 
 
 def _entries(values: list[str] | None) -> list[str]:

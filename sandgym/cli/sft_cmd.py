@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import json
-import logging
 from pathlib import Path
 from typing import Optional
 
@@ -21,38 +19,13 @@ def register(app: typer.Typer) -> None:
         verbose: bool = typer.Option(False, "-v", help="log at INFO; show the traceback of an error"),
     ) -> None:
         """Fine-tune a policy on `sandgym eval` records (results.jsonl): assistant tokens only."""
-        import tomllib
-
-        from pydantic import ValidationError
-        from rich.console import Console
-        from rich.logging import RichHandler
-
-        from sandgym.cli.errors import format_validation_error, show_tracebacks
-        from sandgym.errors import UserError
+        from sandgym.cli.errors import show_tracebacks
+        from sandgym.cli.train_config import overrides, read_config, rich_logging
         from sandgym.train.sft import SFTConfig, SFTTrainer
 
         show_tracebacks(verbose)
-        console = Console()
-        logging.basicConfig(
-            level=logging.INFO if verbose else logging.WARNING, handlers=[RichHandler(console=console)], format="%(message)s"
-        )
-        overrides: dict[str, object] = {}
-        for item in set_:
-            key, _, raw = item.partition("=")
-            try:
-                overrides[key] = json.loads(raw)
-            except json.JSONDecodeError:
-                overrides[key] = raw
-        if steps is not None:
-            overrides["optim.steps"] = steps
-        if output is not None:
-            overrides["output.dir"] = str(output.resolve())
-        try:
-            cfg = SFTConfig.from_toml(config, overrides)
-        except tomllib.TOMLDecodeError as exc:
-            raise UserError(f"{config}: malformed TOML: {exc}") from exc
-        except ValidationError as exc:
-            raise UserError(f"{config}: {format_validation_error(exc)}") from exc
+        console = rich_logging(verbose)
+        cfg = read_config(SFTConfig.from_toml, config, overrides(set_, steps=steps, output=output))
 
         every = max(1, cfg.optim.steps // 20)
 

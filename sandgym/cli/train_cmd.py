@@ -1,13 +1,12 @@
 """`sandgym train CONFIG.toml`: GRPO training with a per-step reward line (rich).
 
-`--nproc N` trains with N local processes (FSDP2, distributed.launch); under `torchrun`
-(WORLD_SIZE > 1 in the environment) this process is one rank (distributed.train_rank).
+`--nproc N` trains with N local processes (FSDP2, train.launch.launch); under `torchrun`
+(WORLD_SIZE > 1 in the environment) this process is one rank (train.launch.train_rank). A
+finished run in the output folder is reported as finished, and nothing is built.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 from pathlib import Path
 from typing import Optional
 
@@ -43,53 +42,35 @@ def register(app: typer.Typer) -> None:
         verbose: bool = typer.Option(False, "-v", help="log at INFO; show the traceback of an error"),
     ) -> None:
         """Train a policy with GRPO on an environment (toy or a sandgym environment)."""
-        import tomllib
-
-        from pydantic import ValidationError
-        from rich.console import Console
-        from rich.logging import RichHandler
-
-        from sandgym.cli.errors import format_validation_error, show_tracebacks
+        from sandgym.cli.errors import show_tracebacks
+        from sandgym.cli.train_config import overrides, read_config, rich_logging
         from sandgym.errors import UserError
+        from sandgym.train.checkpoints import checkpoint_step, latest_checkpoint
         from sandgym.train.config import TrainConfig
-        from sandgym.train.distributed import launch, torchrun_env, train_rank
         from sandgym.train.folder import METRICS
-        from sandgym.train.loss import ConfigError
+        from sandgym.train.launch import launch, torchrun_env, train_rank
         from sandgym.train.trainer import Trainer
 
         show_tracebacks(verbose)
-        console = Console()
-        logging.basicConfig(
-            level=logging.INFO if verbose else logging.WARNING, handlers=[RichHandler(console=console)], format="%(message)s"
-        )
-        overrides: dict[str, object] = {}
-        for item in set_:
-            key, _, raw = item.partition("=")
-            try:
-                overrides[key] = json.loads(raw)
-            except json.JSONDecodeError:
-                overrides[key] = raw
-        if steps is not None:
-            overrides["optim.steps"] = steps
-        if output is not None:
-            overrides["output.dir"] = str(output.resolve())
+        console = rich_logging(verbose)
+        changes = overrides(set_, steps=steps, output=output)
         if no_resume:
-            overrides["output.resume"] = False
+            changes["output.resume"] = False
         ranks = torchrun_env()
         if ranks is not None:
             if nproc is not None and nproc != ranks[1]:
                 raise UserError(f"--nproc {nproc} disagrees with torchrun's WORLD_SIZE {ranks[1]}; leave --nproc out under torchrun")
-            overrides["distributed.nproc"] = ranks[1]
+            changes["distributed.nproc"] = ranks[1]
         elif nproc is not None:
-            overrides["distributed.nproc"] = nproc
-        try:
-            cfg = TrainConfig.from_toml(config, overrides)
-        except tomllib.TOMLDecodeError as exc:
-            raise UserError(f"{config}: malformed TOML: {exc}") from exc
-        except ValidationError as exc:
-            raise UserError(f"{config}: {format_validation_error(exc)}") from exc
-        except ConfigError as exc:  # options that cannot work together
-            raise UserError(f"{config}: {exc}") from exc
+            changes["distributed.nproc"] = nproc
+        cfg = read_config(TrainConfig.from_toml, config, changes)
+        if cfg.output.resume and (ck := latest_checkpoint(cfg.output.dir)) is not None and checkpoint_step(ck) >= cfg.optim.steps:
+            if ranks is None or ranks[0] == 0:
+                console.print(
+                    f"{cfg.output.dir} is a finished run (step {checkpoint_step(ck)} of {cfg.optim.steps}): nothing to train. "
+                    "--no-resume trains it again from scratch, --output DIR trains a new run elsewhere, --steps N trains this one further."
+                )
+            return
 
         # Checked above while the config was read: nothing is built before this point.
         world = cfg.distributed.nproc
@@ -113,14 +94,8 @@ def register(app: typer.Typer) -> None:
             f"device={trainer.device} attention={trainer.policy.kernel} steps={cfg.optim.steps} out={trainer.out}"
         )
         hist = trainer.run()
-        if hist:
-            console.print(
-                f"done: reward {hist[0]['reward_mean']:.3f} -> {hist[-1]['reward_mean']:.3f}; "
-                f"metrics {trainer.metrics_path}; plot {trainer.plot_path if cfg.output.plot else '(off)'}; "
-                f"checkpoint {trainer.latest_checkpoint()}"
-            )
-        else:  # resumed a run that had already reached its last step
-            console.print(
-                f"nothing to do: {trainer.out} is already at step {trainer.step} of {cfg.optim.steps} "
-                "(pass --no-resume to start fresh, or --steps to train further)"
-            )
+        console.print(
+            f"done: reward {hist[0]['reward_mean']:.3f} -> {hist[-1]['reward_mean']:.3f}; "
+            f"metrics {trainer.metrics_path}; plot {trainer.plot_path if cfg.output.plot else '(off)'}; "
+            f"checkpoint {trainer.latest_checkpoint()}"
+        )

@@ -19,7 +19,7 @@ _EXPORTS = {
     "ToolEnv": "tools", "StatefulToolEnv": "tools", "tool_schema": "tools", "tool_call": "tools",
     "SandboxEnv": "sandbox_env", "PythonEnv": "sandbox_env",
     "EnvGroup": "env_group",
-    "Rubric": "rubric", "RubricGroup": "rubric", "JudgeRubric": "rubric",
+    "Rubric": "rubric", "GraderRubric": "rubric",
     "Parser": "parsers", "ThinkParser": "parsers", "XMLParser": "parsers", "CodeBlockParser": "parsers", "BoxedParser": "parsers",
     "stop": "decorators", "cleanup": "decorators", "teardown": "decorators",
     "OpenAIClient": "clients", "OraclePolicy": "policies", "NullPolicy": "policies", "get_policy": "policies",

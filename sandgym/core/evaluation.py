@@ -2,7 +2,7 @@
 in the run folder at once (sandgym.run_folder: meta.json, results.jsonl, summary.json; a
 killed run loses nothing), resume a run by skipping the (example_id, rollout_index) pairs
 already recorded, and summarise (reward mean, unbiased pass@k, infrastructure failures,
-timing). `run_eval` runs on this machine; sandgym.fleet.distributed runs the same plan on a
+timing). `run_eval` runs on this machine; sandgym.fleet.driver runs the same plan on a
 Ray fleet with the same folder, rule and summary."""
 
 from __future__ import annotations

@@ -122,17 +122,7 @@ class Rubric:
         return list(states)
 
 
-class RubricGroup(Rubric):
-    """Several rubrics summed (e.g. a task rubric plus a format rubric)."""
-
-    def __init__(self, rubrics: Sequence[Rubric]) -> None:
-        super().__init__(parser=rubrics[0].parser if rubrics else None)
-        for r in rubrics:
-            self.funcs.extend(r.funcs)
-            self.group_funcs.extend(r.group_funcs)
-
-
-JUDGE_PROMPT = """Given a ground-truth answer and a response, decide whether the response is correct.
+GRADER_PROMPT = """Given a ground-truth answer and a response, decide whether the response is correct.
 
 Question:
 ```
@@ -152,37 +142,38 @@ Response:
 Reply with "yes" or "no" only."""
 
 
-class JudgeRubric(Rubric):
-    """Asks a judge model (any OpenAI-compatible endpoint, via a sandgym ModelClient) whether
-    the response matches the answer. Reward 1 for a reply starting with "yes"."""
+class GraderRubric(Rubric):
+    """Asks a grader model (any OpenAI-compatible endpoint, via a sandgym ModelClient) whether
+    the response matches the answer. Reward 1 for a reply starting with "yes". (verifiers
+    calls this JudgeRubric; here a judge is sandgym.judge, the programming judge.)"""
 
     def __init__(
         self,
-        judge_client: Any,
-        judge_model: str = "judge",
-        judge_prompt: str = JUDGE_PROMPT,
+        grader_client: Any,
+        grader_model: str = "grader",
+        grader_prompt: str = GRADER_PROMPT,
         parser: Parser | None = None,
         sampling_args: Mapping[str, Any] | None = None,
         weight: float = 1.0,
     ) -> None:
         super().__init__(parser=parser)
-        self.judge_client = judge_client
-        self.judge_model = judge_model
-        self.judge_prompt = judge_prompt
+        self.grader_client = grader_client
+        self.grader_model = grader_model
+        self.grader_prompt = grader_prompt
         self.sampling_args = dict(sampling_args or {"temperature": 0.0})
-        self.add_reward_func(self.judge_reward, weight)
+        self.add_reward_func(self.grader_reward, weight)
 
-    async def judge(self, prompt: Any, completion: Any, answer: Any) -> str:
+    async def grade(self, prompt: Any, completion: Any, answer: Any) -> str:
         question = last_user_text(prompt)
         response = self.parser.parse_answer(completion) or ""
-        content = self.judge_prompt.format(question=question, answer=answer, response=response)
-        reply = await self.judge_client.chat(
-            [{"role": "user", "content": content}], model=self.judge_model, sampling_args=self.sampling_args
+        content = self.grader_prompt.format(question=question, answer=answer, response=response)
+        reply = await self.grader_client.chat(
+            [{"role": "user", "content": content}], model=self.grader_model, sampling_args=self.sampling_args
         )
         return last_assistant_text([reply.message])
 
-    async def judge_reward(self, prompt: Any, completion: Any, answer: Any) -> float:
-        verdict = (await self.judge(prompt, completion, answer)).strip().lower()
+    async def grader_reward(self, prompt: Any, completion: Any, answer: Any) -> float:
+        verdict = (await self.grade(prompt, completion, answer)).strip().lower()
         return 1.0 if verdict.startswith("yes") else 0.0
 
 

@@ -15,7 +15,7 @@ one digit (the last digit of the sum, the largest or the smallest number, or how
 there are).
 
 Reward 1 when the exchange is complete and right: a python tool call ran in the sandbox, what
-it printed there (the last tool result) is the task's answer -- the judge recomputes it from the
+it printed there (the last tool result) is the task's answer -- the rubric recomputes it from the
 task's own data file, in the rollout's sandbox -- and the model then closed with a final answer
 (an assistant message without a tool call). Whether the final answer repeats the number is
 recorded as the `answer_matches` metric, not rewarded: carrying a digit from the tool result
@@ -33,7 +33,7 @@ always which computation a question asks for: it runs the question's program wit
 probability and one of the three others otherwise (drawn per task and rollout), and answers
 with what the program printed. Its unfiltered records are the warm start of the learning
 demonstration: SFT on them teaches the protocol and the tool call, and the choice of program
-only as well as the demonstrator made it; the sandbox-judged reward has to teach the rest.
+only as well as the demonstrator made it; the reward, scored in the sandbox, has to teach the rest.
 """
 
 from __future__ import annotations

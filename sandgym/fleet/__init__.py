@@ -2,7 +2,7 @@
 (sandgym.sandboxes.providers.ray: node agents, the fleet, placement of sandboxes, node loss).
 
 jobs.py (what a driver sends a node: the environment and the policy, by name), rollouts.py
-(what runs on the node: a rollout or a group next to its sandboxes), distributed.py (the
+(what runs on the node: a rollout or a group next to its sandboxes), driver.py (the
 driver: `sandgym eval --ray`, the trainer's rollout source, bounded retries of lost work),
 placement.py (placement groups for the trainer's ranks and its inference backend).
 """

@@ -1,11 +1,11 @@
 """What runs on a node (through `NodeAgent.run`): rollouts next to their sandboxes.
 
 The environment is loaded once per node and held inside its sandbox session on the node's
-SandboxManager while some driver session uses it (so session-wide things an environment sets
-up there, a verifier sandbox say, exist once per node, the node's hard cap covers every
+SandboxManager while some driver uses it (so what an environment sets up for its sandbox
+session, a verifier sandbox say, exists once per node, the node's hard cap covers every
 sandbox, and nothing is held once the drivers are gone); the policy client is made once per
-driver session. Each function returns records,
-as results.jsonl holds them.
+driver (what the agent keeps for a driver, `ctx.store`, goes when that driver's lease on the
+agent ends). Each function returns records, as results.jsonl holds them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .jobs import ClientSpec, EnvSpec
 
 class NodeEnv:
     """An environment on a node, inside `env.sandbox_session(manager=<the node's>)` from
-    `open()` to `aclose()`, which comes when the last driver session using it ends."""
+    `open()` to `aclose()`, which comes when the last driver using it is gone."""
 
     def __init__(self, env: Any) -> None:
         self.env = env
@@ -36,7 +36,7 @@ class NodeEnv:
 
     async def open(self, manager: Any) -> None:
         async def hold() -> None:
-            # The session is entered and left in this one task, as anyio wants.
+            # The sandbox session is entered and left in this one task, as anyio wants.
             try:
                 async with self.env.sandbox_session(manager=manager):
                     self._ready.set()
@@ -63,7 +63,8 @@ class NodeEnv:
 
 
 class _Use:
-    """A driver session's use of a NodeEnv; the agent closes it with the session."""
+    """A driver's use of a NodeEnv, kept in the driver's `ctx.store`: the agent closes it
+    when that driver is gone."""
 
     def __init__(self, ctx: Any, key: str, held: NodeEnv) -> None:
         self.shared, self.lock, self.key, self.held = ctx.shared, ctx.shared_lock, key, held
@@ -79,7 +80,7 @@ class _Use:
 
 
 async def node_env(ctx: Any, env_spec: EnvSpec) -> Any:
-    """The node's instance of the environment (loaded on first use, shared by sessions)."""
+    """The node's instance of the environment (loaded on first use, shared by drivers)."""
     key = "env:" + env_spec.key()
     async with ctx.shared_lock:
         held = ctx.shared.get(key)
@@ -93,7 +94,7 @@ async def node_env(ctx: Any, env_spec: EnvSpec) -> Any:
     return held.env
 
 
-def session_client(ctx: Any, env_spec: EnvSpec, env: Any, client_spec: ClientSpec) -> Any:
+def driver_client(ctx: Any, env_spec: EnvSpec, env: Any, client_spec: ClientSpec) -> Any:
     key = "client:" + env_spec.key() + client_spec.key()
     client = ctx.store.get(key)
     if client is None:
@@ -119,7 +120,7 @@ async def rollout(
 ) -> list[dict[str, Any]]:
     """One rollout of `row`; its record."""
     env = await node_env(ctx, env_spec)
-    client = session_client(ctx, env_spec, env, client_spec)
+    client = driver_client(ctx, env_spec, env, client_spec)
     state = await env.rollout(client, client_spec.model, row, index, sampling_args)
     return [record_of(state)]
 
@@ -130,7 +131,7 @@ async def rollout_group(
 ) -> list[dict[str, Any]]:
     """The rollouts `indices` of one row, scored together (group rewards, advantages)."""
     env = await node_env(ctx, env_spec)
-    client = session_client(ctx, env_spec, env, client_spec)
+    client = driver_client(ctx, env_spec, env, client_spec)
     states: list[Any] = []
 
     async def one(i: int) -> None:

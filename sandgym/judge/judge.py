@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import json
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 from sandgym.core.failures import ScoringTimeout
 from sandgym.core.sandbox_env import checked_exec
 
 from .model import JudgeResult, Problem, TestResult
-
-MARK = "@@sandgym-judge@@ "
-
-
-@cache
-def harness_source() -> str:
-    return (Path(__file__).parent / "sandbox_harness.py").read_text()
+from .program import harness_program, zygote_program
+from .sandbox_harness import MARK
 
 
 def judge_request(
@@ -42,6 +35,7 @@ def judge_request(
         "stop_on_first_failure": stop_on_first_failure,
         "output_limit_bytes": output_limit_bytes,
         "wall_factor": wall_factor,
+        "zygote": zygote_program(),
     }
 
 
@@ -71,7 +65,7 @@ async def judge(sandbox: Any, code: str, problem: Problem, **options: Any) -> Ju
         raise ValueError(f"problem {problem.id} has no tests")
     req = judge_request(code, problem, **options)
     budget = time_budget(problem, req["wall_factor"])
-    r = await checked_exec(sandbox, ["python3", "-I", "-c", harness_source()], timeout=budget, stdin=json.dumps(req))
+    r = await checked_exec(sandbox, ["python3", "-I", "-c", harness_program()], timeout=budget, stdin=json.dumps(req))
     if r.timed_out:
         # Every test has its own limits inside the budget: a judge past it was starved.
         raise ScoringTimeout(f"judging {problem.id} ran past its {budget:g}s budget ({len(problem.tests)} tests): "

@@ -1,11 +1,12 @@
-"""The in-sandbox judge: run as `python3 -I -c <this file's text>` with a JSON request on stdin;
-prints one line `@@sandgym-judge@@ {json}` last. Standard library only (any python3 image).
+"""The in-sandbox judge: run as `python3 -I -c <program.harness_program()>` with a JSON request
+on stdin; prints one line `@@sandgym-judge@@ {json}` last. Standard library only (any python3
+>= 3.9 image).
 
-Two processes. The parent reads the request (code, tests, limits), starts a fork server
-(the "zygote") that has only the compiled solution in memory, and then, test by test: makes
-pipes, hands the child's ends to the zygote (SCM_RIGHTS), which forks a child that sets its
-limits (RLIMIT_AS for memory, RLIMIT_CPU, no core files) and runs the solution; the parent
-feeds stdin, reads stdout/stderr with a cap (endless output is killed: OLE), kills the
+Two processes. The parent reads the request (code, tests, limits, and the fork server's
+program), starts the fork server (the "zygote", zygote.py) that has only the compiled
+solution in memory, and then, test by test: makes pipes, hands the child's ends to the
+zygote (SCM_RIGHTS), which forks a child that sets its limits (RLIMIT_AS for memory,
+RLIMIT_CPU, no core files) and runs the solution; the parent feeds stdin, reads stdout/stderr with a cap (endless output is killed: OLE), kills the
 child's process group at the wall-clock limit (TLE), gets the exit status and resource use
 from the zygote, and compares. A test costs one fork, not a new interpreter, and a problem
 costs one exec, not one per test.
@@ -23,7 +24,6 @@ import os
 import selectors
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -31,153 +31,22 @@ import time
 from collections.abc import Iterable
 from typing import Any, Callable
 
+from sandgym.judge.zygote import MLE_EXIT, nondumpable
+from sandgym.sandboxes.execd.framing import encode, read_frame
+
 MARK = "@@sandgym-judge@@ "
-MLE_EXIT = 121  # the child's exit code for MemoryError
 PIPE_BUF_SAFE = 60000  # a Linux pipe holds 64 KiB: smaller inputs are written without a thread
-
-ZYGOTE = r'''
-import builtins, io, json, os, resource, signal, socket, struct, sys, traceback
-
-def nondumpable():
-    try:
-        import ctypes
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
-    except Exception:
-        pass
-
-nondumpable()
-sock = socket.socket(fileno=int(sys.argv[1]))
-
-def send(obj):
-    data = json.dumps(obj).encode()
-    sock.sendall(struct.pack(">I", len(data)) + data)
-
-def recv():
-    head = b""
-    fds = []
-    while len(head) < 4:
-        msg, got, _, _ = socket.recv_fds(sock, 4 - len(head), 8)
-        if not msg:
-            return None, []
-        head += msg
-        fds += got
-    n = struct.unpack(">I", head)[0]
-    body = b""
-    while len(body) < n:
-        chunk = sock.recv(n - len(body))
-        if not chunk:
-            return None, []
-        body += chunk
-    return json.loads(body), fds
-
-def vsz_bytes():
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except Exception:
-        return 0
-
-req, _ = recv()
-try:
-    CODE = compile(req["code"], "solution.py", "exec")
-except BaseException:
-    send({"ok": False, "error": traceback.format_exc(limit=0)[-2000:]})
-    sys.exit(0)
-KIND, FN = req["kind"], req.get("fn_name")
-del req
-send({"ok": True})
-BASE_VSZ = vsz_bytes()
-
-def run_child(job, fds):
-    stdin_r, stdout_w, stderr_w, result_w = fds
-    try:
-        os.setsid()
-        os.dup2(stdin_r, 0)
-        os.dup2(stdout_w, 1)
-        os.dup2(stderr_w, 2)
-        os.closerange(3, result_w)
-        os.closerange(result_w + 1, 65536)
-        mem = BASE_VSZ + job["memory_mb"] * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        cpu = int(job["cpu_limit_s"])
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
-        sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), write_through=False)
-        sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)), write_through=True)
-        sys.setrecursionlimit(max(sys.getrecursionlimit(), 100000))
-        os.environ["SANDGYM_JUDGE_TEST"] = job["token"]  # inherited by what it starts
-    except BaseException:
-        os._exit(120)
-    code = 0
-    try:
-        ns = {"__name__": "__main__", "__builtins__": builtins}
-        if KIND == "stdin":
-            exec(CODE, ns)
-        else:
-            args = json.loads(sys.stdin.read())
-            exec(CODE, ns)
-            sol = ns.get("Solution")
-            fn = getattr(sol(), FN) if sol is not None and hasattr(sol, FN) else ns[FN]
-            out = fn(*args)
-            with os.fdopen(result_w, "w") as f:
-                f.write(json.dumps(out, default=lambda o: list(o) if isinstance(o, (set, tuple)) else repr(o)))
-    except MemoryError:
-        code = 121
-    except SystemExit as e:
-        code = 0 if e.code in (None, 0) else (e.code if isinstance(e.code, int) else 1)
-    except BaseException:
-        try:
-            etype, value, tb = sys.exc_info()
-            while tb is not None and tb.tb_frame.f_code.co_filename != "solution.py":
-                tb = tb.tb_next  # show the solution's frames only
-            traceback.print_exception(etype, value, tb)
-        except BaseException:
-            pass
-        code = 1
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except MemoryError:
-        code = 121
-    except BaseException:
-        pass
-    os._exit(code)
-
-while True:
-    job, fds = recv()
-    if job is None:
-        break
-    pid = os.fork()
-    if pid == 0:
-        run_child(job, fds)
-    for fd in fds:
-        os.close(fd)
-    send({"pid": pid})
-    _, status, ru = os.wait4(pid, 0)
-    try:
-        os.killpg(pid, signal.SIGKILL)  # what the child left behind
-    except OSError:
-        pass
-    send({"status": status, "maxrss_kb": ru.ru_maxrss, "cpu_s": ru.ru_utime + ru.ru_stime})
-'''
-
-
-def nondumpable() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
-    except Exception:
-        pass
 
 
 class Zygote:
-    def __init__(self, code: str, kind: str, fn_name: str | None) -> None:
+    """The fork server (zygote.py) in a process of its own, started from `program` (its
+    source, sent in the request: the sandbox has no sandgym) with the compiled solution."""
+
+    def __init__(self, program: str, code: str, kind: str, fn_name: str | None) -> None:
         parent, child = socket.socketpair()
         self.sock = parent
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", ZYGOTE, str(child.fileno())],
+            [sys.executable, "-I", "-c", program, str(child.fileno())],
             pass_fds=(child.fileno(),),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -188,25 +57,16 @@ class Zygote:
         self.hello = self.recv(timeout=60)
 
     def send(self, obj: dict[str, Any], fds: Iterable[int] = ()) -> None:
-        data = json.dumps(obj).encode()
-        socket.send_fds(self.sock, [struct.pack(">I", len(data)) + data], list(fds))
+        socket.send_fds(self.sock, encode(obj), list(fds))
 
     def recv(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The next message (None: the fork server hung up)."""
         self.sock.settimeout(timeout)
-        head = b""
-        while len(head) < 4:
-            chunk = self.sock.recv(4 - len(head))
-            if not chunk:
-                return None
-            head += chunk
-        n = struct.unpack(">I", head)[0]
-        body = b""
-        while len(body) < n:
-            chunk = self.sock.recv(n - len(body))
-            if not chunk:
-                return None
-            body += chunk
-        return json.loads(body)
+        try:
+            frame = read_frame(self.sock.recv)
+        except EOFError:
+            return None
+        return None if frame is None else frame[0]
 
     def close(self) -> None:
         try:
@@ -475,7 +335,7 @@ def main() -> None:
         exec(compile(req["checker"], "checker.py", "exec"), ns)
         checker = ns["check"]
     t0 = time.perf_counter()
-    zyg = Zygote(req["code"], req["kind"], req.get("fn_name"))
+    zyg = Zygote(req["zygote"], req["code"], req["kind"], req.get("fn_name"))
     BASELINE_PIDS.update(_pids())
     results = []
     compile_error = ""
@@ -494,7 +354,7 @@ def main() -> None:
                 failed = failed or r["verdict"] != "AC"
                 if r["verdict"] == "JE":
                     zyg.close()
-                    zyg = Zygote(req["code"], req["kind"], req.get("fn_name"))
+                    zyg = Zygote(req["zygote"], req["code"], req["kind"], req.get("fn_name"))
                     BASELINE_PIDS.add(zyg.proc.pid)
     finally:
         zyg.close()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from .errors import SandboxError
+from .errors import SandboxError, SandboxGoneError
 from .live import LiveHandle, LiveProcess, ShellLiveProcess
 from .result import EgressLogEntry, ExecResult, SandboxInfo
 from .spec import EgressPolicy, SandboxSpec
@@ -61,6 +61,13 @@ class Sandbox(ABC):
     id: str
     spec: SandboxSpec
     provider: str
+    _closed: bool = False  # set by close(): from then on every operation raises
+
+    def _raise_if_closed(self) -> None:
+        """SandboxGoneError once the sandbox is closed: nothing runs on a sandbox its owner
+        gave up. Implementations call it first in each operation."""
+        if self._closed:
+            raise SandboxGoneError(f"sandbox {self.id} is closed")
 
     @abstractmethod
     async def exec(

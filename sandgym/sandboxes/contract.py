@@ -50,6 +50,7 @@ from .base import Provider, Sandbox
 from .errors import SandboxFileNotFound
 from .live import LiveProcess
 from .ownership import new_run_id, owner_labels
+from .result import TIMEOUT_EXIT
 from .spec import LABEL_OWNER, SandboxSpec
 
 DEFAULT_SPEC = SandboxSpec(memory_mb=512, disk_mb=256, output_limit_bytes=64 * 1024, exec_timeout_s=30)
@@ -147,8 +148,8 @@ async def timeout_kills_children(provider: Provider, spec: SandboxSpec) -> None:
         t0 = time.monotonic()
         r = await sb.exec("sleep 100 & sleep 100; echo never", timeout=2)
         elapsed = time.monotonic() - t0
-        expect(r.timed_out and r.exit_code == 124,
-               f"timed_out={r.timed_out} exit_code={r.exit_code}, expected True and 124")
+        expect(r.timed_out and r.exit_code == TIMEOUT_EXIT,
+               f"timed_out={r.timed_out} exit_code={r.exit_code}, expected True and {TIMEOUT_EXIT}")
         expect("never" not in r.stdout, "the command went on past its timeout")
         expect(elapsed < 10, f"a 2 s timeout took {elapsed:.1f} s to come back")
         left = await sb.exec("ps -eo args | grep -c '^sleep 100' || true")

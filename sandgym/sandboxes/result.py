@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 # LOST        gone, and the provider cannot say why;
 # DISK_FULL   not a death: a *running* sandbox whose writable space is full (writers get
 #             ENOSPC; status stays "running").
+# A command killed at its timeout exits with this code (timeout(1)'s), `timed_out` set.
+TIMEOUT_EXIT = 124
+
 ErrorType = Literal["OOM_KILLED", "TIMEOUT", "EXITED", "REMOVED", "LOST", "DISK_FULL"]
 ERROR_TYPES: tuple[str, ...] = ("OOM_KILLED", "TIMEOUT", "EXITED", "REMOVED", "LOST", "DISK_FULL")
 
@@ -24,7 +27,7 @@ class ExecResult(BaseModel):
 
     `truncated` is true when either stream went past the cap; the cap is `output_limit`.
     `exit_code` follows the shell convention: 128+N when killed by signal N, 137 on OOM/kill,
-    124 on timeout (with `timed_out` set).
+    TIMEOUT_EXIT (124) on timeout (with `timed_out` set).
     """
 
     model_config = ConfigDict(frozen=True)

@@ -38,7 +38,6 @@ FAIL_STATUSES = ("FAILED", "ERROR")
 # Written into the log when the run failed in a way SWE-bench's grader must not score
 # (swebench's get_logs_eval then returns "no results").
 TESTS_TIMEOUT = ">>>>> Tests Timed Out"
-TESTS_ERROR = ">>>>> Tests Errored"
 
 StatusParser = Callable[[str], dict[str, str]]
 

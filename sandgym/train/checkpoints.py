@@ -1,13 +1,17 @@
-"""Model weights from a run's checkpoint, for a model built from the same [model] section:
-GRPO starting from an SFT run (`[model] init_from`), and evaluating a run's policy.
+"""A training run's checkpoints: writing them (`sandgym train` and `sandgym sft`), finding
+the newest, and model weights from one for a model built from the same [model] section (GRPO
+starting from an SFT run, `[model] init_from`; evaluating a run's policy).
 
-`sandgym sft` and `sandgym train` both write `OUT/checkpoints/step_NNNNNN/trainer_state.pt`,
-a dict holding at least `model` (the state dict), `step` and `config` (the run's config, whose
-`model` section describes the architecture).
+A checkpoint is `OUT/checkpoints/step_NNNNNN/trainer_state.pt` (`STATE_FILE`), a dict holding
+at least `model` (the full state dict), `step` and `config` (the run's config, whose `model`
+section describes the architecture); GRPO adds what its resume needs (optimizer state keyed
+by parameter name, scheduler, data position, RNG states).
 """
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +21,44 @@ from sandgym.errors import UserError
 from sandgym.train.folder import CHECKPOINTS
 
 STATE_FILE = "trainer_state.pt"
+STEP_PREFIX = "step_"
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"{STEP_PREFIX}{step:06d}"
+
+
+def checkpoints_in(root: Path) -> list[Path]:
+    """The whole checkpoints under `root` (a run's checkpoints/ folder), oldest first."""
+    return sorted(p for p in root.glob(STEP_PREFIX + "*") if (p / STATE_FILE).is_file())
+
+
+def latest_checkpoint(out: str | Path) -> Path | None:
+    """The newest checkpoint of the run whose output folder is `out` (None: it has none)."""
+    found = checkpoints_in(Path(out) / CHECKPOINTS)
+    return found[-1] if found else None
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint folder was written at (its name says it)."""
+    return int(path.name.removeprefix(STEP_PREFIX))
+
+
+def write_checkpoint(out: str | Path, step: int, state: Mapping[str, Any], keep: int) -> Path:
+    """Write `state` as the checkpoint of `step` under the run folder `out`, whole or not at
+    all (a temporary folder renamed into place), and keep only the newest `keep`."""
+    root = Path(out) / CHECKPOINTS
+    root.mkdir(parents=True, exist_ok=True)
+    final = step_dir(root, step)
+    tmp = root / f".tmp_{final.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    torch.save(dict(state), tmp / STATE_FILE)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in sorted(p for p in root.glob(STEP_PREFIX + "*") if p.is_dir())[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
 
 
 def find_checkpoint(path: str | Path) -> Path:
@@ -26,7 +68,7 @@ def find_checkpoint(path: str | Path) -> Path:
     if (p / STATE_FILE).is_file():
         return p
     for root in (p / CHECKPOINTS, p):
-        found = sorted(c for c in root.glob("step_*") if (c / STATE_FILE).is_file())
+        found = checkpoints_in(root)
         if found:
             return found[-1]
     raise UserError(f"no checkpoint in {p} (looked for {STATE_FILE} there, in checkpoints/step_*/ and step_*/)")

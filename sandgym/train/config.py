@@ -160,13 +160,6 @@ class OptimConfig(_Strict):
     # being trained is dropped (counted in `stale_groups_dropped`) and replaced.
     max_off_policy_steps: int = Field(2, ge=0)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "overlap" in data:
-            raise ConfigError("optim.overlap was replaced by optim.async_level (overlap = true is async_level = 1)")
-        return data
-
 
 class DistributedConfig(_Strict):
     # Trainer processes (FSDP2 data-parallel, parameters sharded). `sandgym train --nproc N`

@@ -12,18 +12,14 @@ gather the full state dict to rank 0's CPU (`get_model_state_dict(full_state_dic
 cpu_offload=True)`), which pushes it to the inference backend. Checkpoints hold full
 (unsharded) state dicts, so a run can resume with another number of processes.
 
-Entry points: `train_rank(cfg, rank, world_size, ...)` runs one rank (torchrun, or a Ray
-actor that places ranks itself); `launch(cfg, nproc)` starts `nproc` local ranks
-(`sandgym train --nproc N`).
+This module holds what a rank does (its place, collectives, sharding, full state dicts);
+starting ranks is launch.py's.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
-import os
-import socket
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -145,65 +141,6 @@ def init(rank: int, world_size: int, local_rank: int | None, init_method: str, b
         timeout=datetime.timedelta(seconds=timeout_s),
     )
     return d
-
-
-def train_rank(
-    cfg: Any,
-    rank: int,
-    world_size: int,
-    local_rank: int | None = None,
-    init_method: str = "env://",
-    on_step: Callable[[dict[str, float]], None] | None = None,
-) -> list[dict[str, float]]:
-    """Run rank `rank` of a `world_size`-process training run (the function torchrun's
-    `sandgym train`, `launch` and a Ray placement call). `on_step` is called on rank 0 only.
-    Returns the metrics history on rank 0, [] elsewhere."""
-    import torch.distributed as dist
-
-    from sandgym.train.trainer import Trainer
-
-    cfg = cfg.model_copy(update={"distributed": cfg.distributed.model_copy(update={"nproc": world_size})})
-    d = init(rank, world_size, local_rank, init_method, cfg.distributed.backend, cfg.model.device, cfg.distributed.timeout_s)
-    try:
-        trainer = Trainer(cfg, on_step=on_step if d.is_main else None, dist=d)
-        hist = trainer.run()
-        return hist if d.is_main else []
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _worker(local_rank: int, cfg_json: str, nproc: int, init_method: str, on_step: Callable[[dict[str, float]], None] | None, threads: int) -> None:
-    from sandgym.train.config import TrainConfig
-
-    torch.set_num_threads(threads)
-    cfg = TrainConfig.model_validate_json(cfg_json)
-    train_rank(cfg, local_rank, nproc, local_rank=local_rank, init_method=init_method, on_step=on_step)
-
-
-def launch(cfg: Any, nproc: int, on_step: Callable[[dict[str, float]], None] | None = None) -> None:
-    """Start `nproc` ranks on this machine (spawned processes, a rendezvous on 127.0.0.1) and
-    wait for them. `on_step` must be picklable (a module-level function); rank 0 calls it.
-    CPU threads are split between the ranks."""
-    import torch.multiprocessing as mp
-
-    threads = max(1, (os.cpu_count() or 1) // nproc) if not torch.cuda.is_available() else torch.get_num_threads()
-    init_method = f"tcp://127.0.0.1:{free_port()}"
-    cfg_json = cfg.model_copy(update={"distributed": cfg.distributed.model_copy(update={"nproc": nproc})}).model_dump_json()
-    mp.start_processes(_worker, args=(cfg_json, nproc, init_method, on_step, threads), nprocs=nproc, start_method="spawn", join=True)
-
-
-def torchrun_env() -> tuple[int, int, int] | None:
-    """(rank, world size, local rank) when started by torchrun with more than one process."""
-    ws = int(os.environ.get("WORLD_SIZE", "1"))
-    if ws <= 1:
-        return None
-    return int(os.environ["RANK"]), ws, int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
 
 
 def full_state_dict(model: torch.nn.Module, dist: Dist) -> dict[str, torch.Tensor]:

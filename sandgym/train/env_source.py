@@ -5,9 +5,9 @@ verifiers-style API), a RolloutSource (rollout_source.py).
 (sandboxed tool calls included), scores each group with the environment's Rubric, and returns
 the States in row order; the client is core's OpenAIClient against the trainer's inference
 backend, asking for token ids and logprobs and sending later turns as token ids (token-in:
-core/tokens.py). Sandboxes live for the run: `session()` opens one SandboxManager that the
+core/tokens.py). Sandboxes live for the run: `sandbox_session()` opens one SandboxManager that the
 concurrent groups share (sandboxes are reused across steps) and destroys what it made on exit;
-a call outside a session opens its own for that call.
+a call outside one opens its own for that call.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class EnvRolloutSource:
         self.rows = self.env.rows(None, split="train")
         if not self.rows:
             raise UserError(f"environment {name!r} has no training rows")
-        self._in_session = False
+        self._in_sandbox_session = False
 
     def rows_at(self, start: int, count: int) -> list[dict[str, Any]]:
         # The data position cycles through the dataset (epochs), deterministically.
@@ -61,7 +61,7 @@ class EnvRolloutSource:
             )
 
         try:
-            if self._in_session:
+            if self._in_sandbox_session:
                 states = await go()
             else:
                 async with self.env.sandbox_session(self.provider, max_sandboxes=self.max_sandboxes, warm=self.warm_sandboxes):
@@ -71,10 +71,10 @@ class EnvRolloutSource:
         return [states[i : i + group_size] for i in range(0, len(states), group_size)]
 
     @asynccontextmanager
-    async def session(self) -> AsyncIterator[None]:
+    async def sandbox_session(self) -> AsyncIterator[None]:
         async with self.env.sandbox_session(self.provider, max_sandboxes=self.max_sandboxes, warm=self.warm_sandboxes):
-            self._in_session = True
+            self._in_sandbox_session = True
             try:
                 yield
             finally:
-                self._in_session = False
+                self._in_sandbox_session = False

@@ -1,6 +1,6 @@
 """RayRolloutSource: the trainer's rollouts on a Ray fleet (`[env] ray_address = "HOST:PORT"`).
 
-Each generation batch's groups run on the cluster's sandgym nodes (sandgym.fleet.distributed), next
+Each generation batch's groups run on the cluster's sandgym nodes (sandgym.fleet.driver), next
 to their sandboxes, asking the trainer's inference backend over HTTP -- so that backend's
 address must be reachable from the nodes (on one machine, 127.0.0.1 is). A group lost with
 its node is run again elsewhere; one that keeps failing comes back as failed rollouts, which
@@ -28,7 +28,7 @@ class RayRolloutSource(EnvRolloutSource):
     async def generate_groups(
         self, base_url: str, model: str, start: int, count: int, group_size: int, sampling: dict[str, Any], max_concurrent: int
     ) -> list[list[State]]:
-        from sandgym.fleet.distributed import generate_groups
+        from sandgym.fleet.driver import generate_groups
         from sandgym.fleet.jobs import ClientSpec, EnvSpec
         from sandgym.sandboxes.providers.ray import Fleet
 

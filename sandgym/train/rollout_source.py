@@ -3,7 +3,7 @@
 Implementations: env_source.EnvRolloutSource (a sandgym environment: `[env] kind = "sandgym"`),
 ray_source.RayRolloutSource (the same on a Ray fleet: `[env] ray_address`) and toy.ToyTask
 (`[env] kind = "toy"`). The trainer's rollout pipeline (pipeline.py) calls `generate_groups`
-for one group at a time, many concurrently, inside the `session()` that spans the run, with
+for one group at a time, many concurrently, inside the `sandbox_session()` that spans the run, with
 the inference backend's endpoint; the source talks to it like any OpenAI-compatible server
 and returns States carrying token ids (with the policy version of each response), rewards and
 (optionally) advantages.
@@ -30,7 +30,8 @@ class RolloutSource(Protocol):
         `error_kind` set (core/failures.py); an exception means the source itself is broken."""
         ...
 
-    def session(self) -> AbstractAsyncContextManager[None]:
-        """Resources that live for the whole run (a sandbox manager shared by the concurrent
-        `generate_groups` calls); entered and left in the pipeline's event loop."""
+    def sandbox_session(self) -> AbstractAsyncContextManager[None]:
+        """The environment's sandbox session for the whole run (Environment.sandbox_session: a
+        sandbox manager shared by the concurrent `generate_groups` calls; a source without
+        sandboxes holds nothing); entered and left in the pipeline's event loop."""
         ...

@@ -11,9 +11,9 @@ mask 0 and get no gradient.
 Loss: the mean negative log-likelihood over the step's completion tokens (token-mean across
 the batch, so gradient accumulation over packed micro-batches equals one big batch).
 
-Output folder: config.json (the resolved config), metrics.jsonl (one line per step),
-checkpoints/step_NNNNNN/trainer_state.pt
-(model, optimizer, step, config): what `[model] init_from` of `sandgym train` reads.
+Output folder: config.json (the resolved config), metrics.jsonl (one line per step), and a
+checkpoint (train/checkpoints.py: model, optimizer, step, config): what `[model] init_from`
+of `sandgym train` reads.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import contextlib
 import json
 import logging
 import random
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,8 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sandgym.errors import UserError
 from sandgym.train.batch import MicroBatch, Sequence, pack
+from sandgym.train.checkpoints import write_checkpoint
 from sandgym.train.config import ModelConfig, load_toml, resolve_model_paths
-from sandgym.train.folder import CHECKPOINTS, CONFIG, METRICS
+from sandgym.train.folder import CONFIG, METRICS
 from sandgym.train.logprobs import packed_logprobs, pick_head_kernel
 
 log = logging.getLogger(__name__)
@@ -221,27 +221,13 @@ class SFTTrainer:
         }
 
     def save_checkpoint(self) -> Path:
-        root = self.out / CHECKPOINTS
-        root.mkdir(parents=True, exist_ok=True)
-        final = root / f"step_{self.step:06d}"
-        tmp = root / f".tmp_step_{self.step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        torch.save(
-            {
-                "kind": "sft",
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "step": self.step,
-                "config": self.cfg.model_dump(mode="json"),
-            },
-            tmp / "trainer_state.pt",
-        )
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)  # whole or not at all
-        for old in sorted(p for p in root.glob("step_*") if p.is_dir())[: -self.cfg.output.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
-        return final
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+            "config": self.cfg.model_dump(mode="json"),
+        }
+        return write_checkpoint(self.out, self.step, state, self.cfg.output.keep_checkpoints)
 
     def run(self) -> list[dict[str, float]]:
         self.out.mkdir(parents=True, exist_ok=True)

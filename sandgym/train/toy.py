@@ -93,8 +93,8 @@ class ToyTask:
         return state
 
     @asynccontextmanager
-    async def session(self) -> AsyncIterator[None]:
-        yield  # nothing lives across steps
+    async def sandbox_session(self) -> AsyncIterator[None]:
+        yield  # no sandboxes
 
     async def generate_groups(
         self, base_url: str, model: str, start: int, count: int, group_size: int, sampling: dict[str, Any], max_concurrent: int

@@ -32,7 +32,6 @@ import json
 import logging
 import math
 import random
-import shutil
 import statistics
 import time
 from collections import Counter
@@ -50,9 +49,10 @@ from sandgym.core.state import State
 from sandgym.core.stats import group_advantages
 from sandgym.train.backends.base import InferenceBackend
 from sandgym.train.batch import PrefixMismatchError, Sequence, states_to_sequences
+from sandgym.train.checkpoints import STATE_FILE, latest_checkpoint, write_checkpoint
 from sandgym.train.config import TrainConfig
 from sandgym.train.distributed import SINGLE, Dist, rank_device
-from sandgym.train.folder import CHECKPOINTS, CONFIG, METRICS, PLOT, SAMPLES
+from sandgym.train.folder import CONFIG, METRICS, PLOT, SAMPLES
 from sandgym.train.loss import ConfigError
 from sandgym.train.pipeline import ReadyGroup, RolloutPipeline
 from sandgym.train.policy import PolicyTrainer, autocast_dtype
@@ -62,8 +62,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT_FORMAT = 2  # full state dicts, optimizer state keyed by parameter name
 
 
 def load_model_and_tokenizer(cfg: TrainConfig) -> tuple[PreTrainedModel, Any]:
@@ -193,9 +191,6 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------------
 
-    def checkpoint_dir(self) -> Path:
-        return self.out / CHECKPOINTS
-
     def save_checkpoint(self) -> Path | None:
         """Every rank takes part (the state is gathered); rank 0 writes. Returns the folder
         on rank 0."""
@@ -203,46 +198,26 @@ class Trainer:
         optim_sd = self.policy.optimizer_state_dict()
         if not self.dist.is_main:
             return None
-        root = self.checkpoint_dir()
-        root.mkdir(parents=True, exist_ok=True)
-        final = root / f"step_{self.step:06d}"
-        tmp = root / f".tmp_step_{self.step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        torch.save(
-            {
-                "format": CHECKPOINT_FORMAT,
-                "model": model_sd,
-                "optimizer": optim_sd,
-                "scheduler": self.policy.scheduler.state_dict(),
-                "step": self.step,
-                "data_position": self.data_position,
-                "rng_torch": torch.get_rng_state(),
-                "rng_python": random.getstate(),
-                "config": self.cfg.model_dump(mode="json"),
-            },
-            tmp / "trainer_state.pt",
-        )
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)  # a checkpoint exists whole or not at all
-        ckpts = sorted(p for p in root.glob("step_*") if p.is_dir())
-        for old in ckpts[: -self.cfg.output.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
-        return final
+        state = {
+            "model": model_sd,
+            "optimizer": optim_sd,  # keyed by parameter name: any number of processes resumes it
+            "scheduler": self.policy.scheduler.state_dict(),
+            "step": self.step,
+            "data_position": self.data_position,
+            "rng_torch": torch.get_rng_state(),
+            "rng_python": random.getstate(),
+            "config": self.cfg.model_dump(mode="json"),
+        }
+        return write_checkpoint(self.out, self.step, state, self.cfg.output.keep_checkpoints)
 
     def latest_checkpoint(self) -> Path | None:
-        ckpts = sorted(p for p in self.checkpoint_dir().glob("step_*") if (p / "trainer_state.pt").exists())
-        return ckpts[-1] if ckpts else None
+        return latest_checkpoint(self.out)
 
     def load_checkpoint(self, path: Path) -> None:
         """Every rank loads the whole checkpoint (a shared or copied folder) and keeps its
         shard; checkpoints are full state dicts, so any number of processes can resume."""
-        st = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
-        if st.get("format", 1) >= CHECKPOINT_FORMAT:
-            self.policy.load_state(st["model"], st["optimizer"])
-        else:  # before format 2: optimizer state keyed by parameter index, one process
-            self.policy.load_state(st["model"], None)
-            self.policy.optimizer.load_state_dict(st["optimizer"])
+        st = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+        self.policy.load_state(st["model"], st["optimizer"])
         self.policy.scheduler.load_state_dict(st["scheduler"])
         self.step = int(st["step"])
         self.data_position = int(st["data_position"])
@@ -397,7 +372,7 @@ class Trainer:
 
     @contextlib.contextmanager
     def generation(self) -> Any:
-        """Rank 0: the backend, the rollout source's session and the pipeline, for the run."""
+        """Rank 0: the backend, the rollout source's sandbox session and the pipeline, for the run."""
         cfg, backend, source = self.cfg, self.backend, self.source
         assert backend is not None and source is not None
         with contextlib.ExitStack() as stack:
@@ -411,7 +386,7 @@ class Trainer:
                 )
             log.info("inference backend %s at %s; attention kernel %s", backend.name, backend.base_url, self.policy.kernel)
             portal = self._portal = stack.enter_context(anyio.from_thread.start_blocking_portal())
-            stack.enter_context(portal.wrap_async_context_manager(source.session()))
+            stack.enter_context(portal.wrap_async_context_manager(source.sandbox_session()))
             r = cfg.rollout
             pipe = self.pipeline = RolloutPipeline(
                 source,

@@ -7,10 +7,10 @@ module knows only what the viewer makes of them:
     eval / BFCL       a meta whose kind is not a SWE kind ("eval"; older evals: none), a
                       rollout record a line, the summary at the end (before it: computed
                       from the records); BFCL: an env named bfcl_*
-    SWE debug/validate  a meta of kind debug or validate (older SWE runs: run.json), an
+    SWE debug/validate  a meta of kind debug or validate, an
                       instance a line (keyed; the last line of a key wins: an instance run
                       again supersedes its line), <instance>/result.json, *.log, applied.diff,
-                      the summary at the end (older validations: validation.json)
+                      the summary at the end
     train (GRPO)      config.json, metrics.jsonl (a line per step), samples.jsonl
     SFT               the same with a `data` section in config.json, and no samples
 
@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from sandgym.core.evaluation import summarize
 from sandgym.core.sandbox_env import exec_flags
-from sandgym.run_folder import OLD_SUMMARY, RESULTS, SUMMARY, read_meta, read_records, read_summary, unit_key
+from sandgym.run_folder import RESULTS, SUMMARY, read_meta, read_records, read_summary, unit_key
 from sandgym.swe.store import DIFF, LOG_SUFFIX, RESULT, VALIDATE, safe_name
 from sandgym.swe.store import KINDS as SWE_KINDS
 from sandgym.train.folder import CONFIG, METRICS, SAMPLES
@@ -65,15 +65,11 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-def _newest(paths: Iterable[Path]) -> float | None:
-    return max((m for m in (_mtime(p) for p in paths) if m is not None), default=None)
-
-
 def _status(folder: Path) -> str:
     """A run folder's: finished (its summary is there and newer than its records), running
     (records written in the last minutes) or stopped."""
     last = _mtime(folder / RESULTS)
-    done = _newest(folder / name for name in (SUMMARY, *OLD_SUMMARY))
+    done = _mtime(folder / SUMMARY)
     if done is not None and (last is None or done >= last - 1.0):
         return "finished"
     if last is not None and time.time() - last < LIVE_WINDOW_S:

@@ -129,3 +129,15 @@ def test_which_errors_are_the_users() -> None:
     assert user_error_message(SandboxFileNotFound("/workspace/x")) is None
     assert user_error_message(RuntimeError("boom")) is None
     assert user_error_message(ExceptionGroup("two", [spec, RuntimeError("boom")])) is None
+
+
+@pytest.mark.parametrize("command", [("eval",), ("sandbox", "check"), ("sandbox", "run")])
+def test_provider_help_names_every_provider(command: tuple[str, ...]) -> None:
+    from sandgym.sandboxes.registry import PROVIDERS
+
+    proc = sandgym(*command, "--help")
+    assert proc.returncode == 0, proc.stderr
+    said = " ".join(proc.stdout.split())
+    # The option's help is the sentence after --provider (rich's table wraps it; split folds that).
+    help_text = said[said.index("--provider") :][:200]
+    assert all(name in help_text for name in PROVIDERS), help_text

@@ -141,8 +141,11 @@ async def test_eval_killed_with_sigkill_then_resumed_has_one_record_per_rollout(
         await provider.aclose()
     before = [json.loads(x) for x in results.read_text().splitlines() if x.strip().endswith("}")]
     assert 4 <= len(before) < 24, "the kill should land mid-run"
-    out = subprocess.run([*cmd, "--resume", str(run), "--json"], capture_output=True, text=True, timeout=300)
+    # The newcomer's line: the env and the folder; the rest is the run's own (its meta).
+    out = subprocess.run([sys.executable, "-m", "sandgym", "eval", "humaneval", "-c", "2", "--resume", str(run), "--json"],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
+    assert "with its own policy oracle, provider docker, 12 examples x 2 rollouts" in " ".join(out.stderr.split())
     summary = json.loads(out.stdout.strip().splitlines()[-1])  # the JSON summary is last on stdout
     assert summary["num_rollouts"] == 24 and summary["resumed_rollouts"] >= len(before) - 1
     assert summary["new_rollouts"] == 24 - summary["resumed_rollouts"]
@@ -186,6 +189,31 @@ def test_cli_eval_with_a_model_records_tokens_and_prints_json_last(tmp_path: Pat
         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"},
     )
     assert again.returncode == 2 and "holds another run (env: 'tool_use', now 'humaneval')" in again.stderr, again.stderr
+
+
+def test_resume_takes_the_runs_own_settings_from_its_meta(tmp_path: Path) -> None:
+    """`sandgym eval ENV --resume RUN` alone: policy, env args, provider, examples and rollouts
+    are the run's own; given again, an option wins (and the same-run rule still applies)."""
+    run = tmp_path / "run"
+    eval_ = [sys.executable, "-m", "sandgym", "eval", "tool_use"]
+    first = subprocess.run([*eval_, "--policy", "oracle", "-a", "num_tasks=3", "-n", "3", "-r", "2", "--provider", "local",
+                            "-o", str(run), "--json"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert first.returncode == 0, first.stderr[-2000:]
+    results = run / "results.jsonl"
+    lines = results.read_text().splitlines()
+    results.write_text("".join(x + "\n" for x in lines[:-2]))  # as if killed before the last two finished
+    again = subprocess.run([*eval_, "--resume", str(run), "--json"], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "COLUMNS": "300"})  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    said = " ".join(again.stderr.split())
+    assert 'with its own policy oracle, env args {"num_tasks": 3}, provider local, 3 examples x 2 rollouts' in said, said
+    summary = json.loads(again.stdout.strip().splitlines()[-1])
+    assert summary["num_rollouts"] == 6 and summary["resumed_rollouts"] == 4 and summary["new_rollouts"] == 2
+    assert summary["reward_mean"] == 1.0  # the oracle's: the null policy would have scored 0
+    # An option given again is not replaced; another policy is another run, refused as before.
+    other = subprocess.run([*eval_, "--policy", "null", "--resume", str(run)], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "COLUMNS": "300"})  # fmt: skip
+    assert other.returncode == 2 and "holds another run" in other.stderr, other.stderr[-2000:]
 
 
 async def test_resume_refuses_a_folder_holding_another_runs_records(tmp_path: Path) -> None:

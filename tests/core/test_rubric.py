@@ -4,7 +4,7 @@ import pytest
 
 from sandgym.core.clients import OpenAIClient
 from sandgym.core.parsers import XMLParser
-from sandgym.core.rubric import JudgeRubric, Rubric
+from sandgym.core.rubric import GraderRubric, Rubric
 from sandgym.core.state import State
 from sandgym.core.testing import MockOpenAIServer, Reply
 
@@ -86,14 +86,14 @@ async def test_group_rewards_and_advantages() -> None:
     assert adv[0] == pytest.approx((1.5 - mean) / std, rel=1e-4)
 
 
-async def test_judge_rubric_asks_the_model() -> None:
+async def test_grader_rubric_asks_the_model() -> None:
     def responder(body):
         content = body["messages"][-1]["content"]
         return Reply(content="yes" if "Response:\n```\n4\n```" in content else "no")
 
     with MockOpenAIServer(responder) as srv:
         client = OpenAIClient(srv.base_url, max_retries=0)
-        rubric = JudgeRubric(client, "judge")
+        rubric = GraderRubric(client, "grader")
         good = await rubric.score_rollout(make_state("4"))
         bad = await rubric.score_rollout(make_state("5"))
         await client.aclose()

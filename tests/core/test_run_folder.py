@@ -94,14 +94,6 @@ def test_swe_runs_follow_the_same_rule_and_read_an_older_folder(tmp_path: Path) 
     assert RunStore(tmp_path / "swe").finished(["x__y-1", "x__y-2"]) == {"x__y-1": {"instance_id": "x__y-1", "status": "resolved"}}
     with pytest.raises(RunMismatchError, match=r"\(step: 'gold_patch', now 'none'\)"):
         RunStore(tmp_path / "swe").start({"kind": "debug", "step": "none"}, resume=True)
-    # A folder of an older sandgym (run.json, no meta.json) resumes as the same run.
-    old = tmp_path / "old"
-    old.mkdir()
-    (old / "run.json").write_text(json.dumps({"kind": "validate", "step": "gold+none", "started": "2025-01-01T00:00:00"}))
-    s = RunStore(old)
-    assert s.start({"kind": "validate", "step": "gold+none"}, resume=True)["started"] == "2025-01-01T00:00:00"
-    s.close()
-    assert json.loads((old / META).read_text())["kind"] == "validate"
 
 
 def test_a_swe_run_in_a_relative_folder_keeps_its_instances_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,25 +115,20 @@ def test_a_swe_run_in_a_relative_folder_keeps_its_instances_there(tmp_path: Path
     assert not (tmp_path / "elsewhere.txt").exists() and not (tmp_path / "runs" / "elsewhere.txt").exists()
 
 
-def test_meta_and_summary_are_read_under_their_older_names_too(tmp_path: Path) -> None:
-    """SWE runs of an older sandgym: run.json and (validations) validation.json. The current
-    names win where both are there (an older run resumed writes meta.json and summary.json)."""
+def test_meta_and_summary_are_read_only_when_whole(tmp_path: Path) -> None:
+    """No file, or one that is not a JSON object (torn), reads as none."""
     assert read_meta(tmp_path) is None and read_summary(tmp_path) is None
-    (tmp_path / "run.json").write_text(json.dumps({"kind": "validate", "step": "gold+none"}))
-    (tmp_path / "validation.json").write_text(json.dumps({"kind": "validate", "valid": 1}))
-    assert read_meta(tmp_path) == {"kind": "validate", "step": "gold+none"}
-    assert read_summary(tmp_path) == {"kind": "validate", "valid": 1}
     (tmp_path / META).write_text(json.dumps({"kind": "validate", "step": "gold+none", "resumed": ["now"]}))
-    (tmp_path / SUMMARY).write_text("{torn")  # unreadable: the older one is what there is
+    (tmp_path / SUMMARY).write_text("{torn")
     assert read_meta(tmp_path) == {"kind": "validate", "step": "gold+none", "resumed": ["now"]}
-    assert read_summary(tmp_path) == {"kind": "validate", "valid": 1}
+    assert read_summary(tmp_path) is None
     (tmp_path / SUMMARY).write_text(json.dumps({"kind": "validate", "valid": 2}))
     assert read_summary(tmp_path) == {"kind": "validate", "valid": 2}
 
 
 def test_eval_refuses_another_runs_folder_alike_on_one_machine_and_on_ray(tmp_path: Path) -> None:
     """The folder's rule is checked before anything runs, by run_eval and by
-    run_distributed_eval alike, so `--ray` needs no cluster to refuse (nothing listens at
+    run_fleet_eval alike, so `--ray` needs no cluster to refuse (nothing listens at
     the address given): the same one line, exit 2."""
     run = tmp_path / "run"
     first = _eval("tool_use", "--policy", "oracle", "-a", "num_tasks=2", "-o", str(run), "--provider", "local")

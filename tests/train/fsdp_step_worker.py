@@ -42,7 +42,8 @@ def global_batch(seed: int = 0, n: int = 12) -> list:
 def main(out: str, losses_json: str, steps: int = 2) -> None:
     from sandgym.models.tiny import tiny_qwen2
     from sandgym.train.config import ModelConfig, OptimConfig
-    from sandgym.train.distributed import SINGLE, init, torchrun_env
+    from sandgym.train.distributed import SINGLE, init
+    from sandgym.train.launch import torchrun_env
     from sandgym.train.loss import LossConfig
     from sandgym.train.policy import PolicyTrainer
 

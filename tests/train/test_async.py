@@ -96,8 +96,8 @@ class HoldRow:
                 await anyio.sleep(0.02)
         return groups
 
-    def session(self) -> AbstractAsyncContextManager[None]:
-        return self.inner.session()
+    def sandbox_session(self) -> AbstractAsyncContextManager[None]:
+        return self.inner.sandbox_session()
 
 
 def test_async_runs_ahead_and_drops_stale_groups(tmp_path: Path) -> None:
@@ -132,8 +132,8 @@ class GreedyEvenRows:
             sampling = {**sampling, "temperature": 0.0}
         return await self.inner.generate_groups(base_url, model, start, count, group_size, sampling, max_concurrent)
 
-    def session(self) -> AbstractAsyncContextManager[None]:
-        return self.inner.session()
+    def sandbox_session(self) -> AbstractAsyncContextManager[None]:
+        return self.inner.sandbox_session()
 
 
 def test_dynamic_sampling_drops_zero_variance_groups_and_refills(tmp_path: Path) -> None:

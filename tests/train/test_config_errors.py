@@ -18,7 +18,6 @@ TOY = ROOT / "examples" / "toy.toml"
 CASES: list[tuple[dict[str, Any], str, str]] = [
     ({"loss.bogus": 1}, "loss.bogus", "Extra inputs are not permitted"),
     ({"distributed.nprocs": 2}, "distributed.nprocs", "Extra inputs are not permitted"),
-    ({"optim.overlap": True}, "optim.overlap", "replaced by optim.async_level"),
     ({"optim.async_level": 1, "backend.share_weights": True}, "backend.share_weights", "optim.async_level = 1"),
     ({"optim.async_level": 1, "backend.kind": "vllm", "backend.sleep_during_training": True}, "backend.sleep_during_training", "cannot generate"),
     ({"optim.async_level": 3}, "optim.max_off_policy_steps", "at least optim.async_level (3)"),

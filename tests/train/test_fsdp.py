@@ -48,7 +48,7 @@ def _run(cmd: list[str], out: Path) -> dict:
 
 
 def test_two_processes_match_one_on_the_same_global_batch(tmp_path: Path) -> None:
-    from sandgym.train.distributed import free_port
+    from sandgym.train.launch import free_port
 
     losses = json.dumps(LOSSES)
     one = _in_process(tmp_path / "one.pt", losses)

@@ -89,8 +89,8 @@ class ThroughProxy:
         self.proxy.upstream = base_url
         return await self.inner.generate_groups(self.proxy.url, model, start, count, group_size, sampling, max_concurrent)
 
-    def session(self) -> AbstractAsyncContextManager[None]:
-        return self.inner.session()
+    def sandbox_session(self) -> AbstractAsyncContextManager[None]:
+        return self.inner.sandbox_session()
 
 
 @pytest.fixture

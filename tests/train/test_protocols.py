@@ -99,7 +99,7 @@ def test_the_check_sees_a_broken_implementation() -> None:
         async def generate_groups(self, base_url: str, model: str, begin: int, count: int, group_size: int, sampling: dict, max_concurrent: int) -> list:
             return []
 
-        def session(self) -> Any:
+        def sandbox_session(self) -> Any:
             return None
 
     class Sync:
@@ -108,7 +108,7 @@ def test_the_check_sees_a_broken_implementation() -> None:
         def generate_groups(self, base_url: str, model: str, start: int, count: int, group_size: int, sampling: dict, max_concurrent: int) -> list:
             return []
 
-        def session(self) -> Any:
+        def sandbox_session(self) -> Any:
             return None
 
     class NoName:
@@ -117,4 +117,4 @@ def test_the_check_sees_a_broken_implementation() -> None:
 
     assert conformance_errors(Renamed(), RolloutSource) == ["generate_groups: parameters ['base_url', 'model', 'begin', 'count', 'group_size', 'sampling', 'max_concurrent'] != ['base_url', 'model', 'start', 'count', 'group_size', 'sampling', 'max_concurrent']"]
     assert conformance_errors(Sync(), RolloutSource) == ["generate_groups: async mismatch"]
-    assert conformance_errors(NoName(), RolloutSource) == ["generate_groups: extra required parameters", "name: missing", "session: missing"]
+    assert conformance_errors(NoName(), RolloutSource) == ["generate_groups: extra required parameters", "name: missing", "sandbox_session: missing"]

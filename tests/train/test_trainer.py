@@ -110,6 +110,14 @@ def test_cli_train_toy_config(tmp_path: Path) -> None:
     assert "attention=sdpa" in res.output
     assert (out / "metrics.jsonl").exists() and (out / "reward_loss.png").exists()
     assert (out / "checkpoints" / "step_000002" / "trainer_state.pt").exists()
+    # The same line again (with --nproc 2, as a newcomer tries next) finds the finished run:
+    # it says so, and trains nothing.
+    metrics = (out / "metrics.jsonl").read_text()
+    res = CliRunner().invoke(app, ["train", str(ROOT / "examples" / "toy.toml"), "--steps", "2", "--output", str(out), "--nproc", "2"])
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())
+    assert f"{out} is a finished run (step 2 of 2)" in said and "--no-resume" in said and "--output DIR" in said
+    assert (out / "metrics.jsonl").read_text() == metrics
 
 
 def test_external_inference_server_is_refused_when_the_config_is_read(tmp_path: Path) -> None:

@@ -1,13 +1,12 @@
 """Which run a folder holds and what the viewer reads from it, without a browser: folders
-written by the writers' own code (RunFolder, RunStore, validation_summary), and SWE folders
-of an older sandgym (run.json, validation.json) as it left them."""
+written by the writers' own code (RunFolder, RunStore, validation_summary)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from sandgym.run_folder import RecordLog, RunFolder, unit_key
+from sandgym.run_folder import RunFolder
 from sandgym.swe.store import RunStore
 from sandgym.swe.validate import InstanceValidation, validation_summary
 from sandgym.view.runs import BFCLRun, EvalRun, SWERun, kind_of
@@ -58,28 +57,6 @@ def test_swe_runs_are_told_apart_by_their_meta(tmp_path: Path) -> None:
     assert d.card()["mode"] == "debug" and d.card()["valid"] is None and "validation" not in d.detail()
     assert d.instance("c__d-1")["result"]["status"] == "resolved"
     assert d.card()["status"] != "finished"  # no summary yet: the run was killed, or is still going
-
-
-def test_an_older_swe_validation_is_read_as_it_was_left(tmp_path: Path) -> None:
-    """run.json for its meta and validation.json for its summary, nothing under the current
-    names: still a validation, with its verdicts, finished."""
-    old = tmp_path / "old"
-    validate_run(old)
-    (old / "meta.json").rename(old / "run.json")
-    (old / "summary.json").rename(old / "validation.json")
-    assert kind_of(old) is SWERun
-    run = SWERun("0/old", old)
-    card = run.card()
-    assert card["mode"] == "validate" and card["status"] == "finished" and card["valid"] == 0 and card["wall_s"] == 1.5
-    assert run.detail()["validation"][0]["verdict"] == "invalid"
-    # An older debug run: run.json, no summary yet.
-    debug = tmp_path / "old-debug"
-    debug.mkdir()
-    (debug / "run.json").write_text(json.dumps({"kind": "debug", "step": "gold_patch"}))
-    log = RecordLog(debug / "results.jsonl", key=unit_key)
-    log.append({"key": "e__f-1", "instance_id": "e__f-1", "status": "error"})
-    log.close()
-    assert kind_of(debug) is SWERun and SWERun("0/old-debug", debug).card()["mode"] == "debug"
 
 
 def test_eval_runs_old_and_new(tmp_path: Path) -> None:

@@ -56,6 +56,7 @@ from anyio.abc import SocketAttribute, SocketStream
 from ..base import Command, as_bytes, shell_argv
 from ..errors import SandboxCreateError, SandboxError, SandboxFileNotFound, SandboxGoneError
 from ..result import ExecResult
+from . import framing
 
 EXECD_DIR = Path(__file__).resolve().parent
 SERVER_PATH = EXECD_DIR / "server.py"
@@ -65,7 +66,6 @@ SOCKET_NAME = "execd.sock"
 LIFELINE_NAME = "lifeline"  # the owner's FIFO, next to the socket
 DEFAULT_OUTPUT_LIMIT = 1 << 20
 
-_LEN = struct.Struct(">I")
 BROKEN = (
     anyio.EndOfStream,
     anyio.IncompleteRead,
@@ -73,6 +73,7 @@ BROKEN = (
     anyio.ClosedResourceError,
     OSError,
     json.JSONDecodeError,  # a garbled frame
+    framing.FrameError,
     struct.error,
 )
 
@@ -155,20 +156,13 @@ class Connection:
         return data
 
     async def send(self, header: dict[str, Any], blobs: Sequence[bytes]) -> None:
-        header["blobs"] = [len(b) for b in blobs]
-        h = json.dumps(header, separators=(",", ":")).encode()
-        if sum(len(b) for b in blobs) <= (1 << 20):
-            await self.stream.send(b"".join([_LEN.pack(len(h)), h, *blobs]))
-        else:  # large payloads: skip the join copy
-            await self.stream.send(_LEN.pack(len(h)) + h)
-            for b in blobs:
-                if b:
-                    await self.stream.send(b)
+        for piece in framing.encode(header, blobs):
+            await self.stream.send(piece)
 
     async def recv(self) -> tuple[dict[str, Any], list[bytes]]:
-        (n,) = _LEN.unpack(await self._exactly(_LEN.size))
-        header = json.loads(await self._exactly(n))
-        blobs = [await self._exactly(k) if k else b"" for k in header.get("blobs", ())]
+        n = framing.header_size(await self._exactly(framing.LEN.size))
+        header = framing.decode_header(await self._exactly(n))
+        blobs = [await self._exactly(k) if k else b"" for k in framing.blob_sizes(header)]
         return header, blobs
 
     async def aclose(self) -> None:

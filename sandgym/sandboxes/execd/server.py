@@ -6,9 +6,10 @@ Standard library only, Python >= 3.9, so any image with python3 can run it uncha
     python3 -I -S server.py --socket /run/sandgym/execd.sock [--ttl SECONDS]
                          [--owner-fifo /run/sandgym/lifeline --owner-grace SECONDS]
 
-Wire format (both directions): a frame is a 4-byte big-endian length, that many bytes of
-UTF-8 JSON (the header), then raw payloads whose lengths the header lists in "blobs". Bytes
-(stdin, stdout, file contents, tar archives) therefore never pass through base64 or JSON.
+Wire format (both directions; framing.py, loaded from this folder): a frame is a 4-byte
+big-endian length, that many bytes of UTF-8 JSON (the header), then raw payloads whose
+lengths the header lists in "blobs". Bytes (stdin, stdout, file contents, tar archives)
+therefore never pass through base64 or JSON.
 A connection carries one request at a time; a client keeps several connections for
 concurrency. Requests carry "op": ping, exec, batch_exec, read_file, write_file,
 put_archive, get_archive, live, attach, signal, reset. Replies carry "ok" and either the op's
@@ -41,14 +42,12 @@ from __future__ import annotations
 import argparse
 import errno
 import io
-import json
 import os
 import selectors
 import shutil
 import signal
 import socket
 import stat
-import struct
 import subprocess
 import sys
 import threading
@@ -58,9 +57,13 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 if TYPE_CHECKING:
     import tarfile
 
+if __package__:  # imported as sandgym.sandboxes.execd.server (host-side tests)
+    from .framing import FrameReader, recv_frame, send_frame
+else:  # run as a script in the sandbox; -I keeps this folder off sys.path (appended: stdlib first)
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+    from framing import FrameReader, recv_frame, send_frame  # type: ignore[import-not-found, no-redef]
+
 PROTOCOL = 1
-_LEN = struct.Struct(">I")
-MAX_HEADER = 16 << 20
 CHUNK = 1 << 16
 # After the command exits, how long to keep collecting from pipes that background children
 # still hold open (e.g. `server &`). Past that the result is sent; those children are not
@@ -68,7 +71,7 @@ CHUNK = 1 << 16
 LINGER_S = 0.25
 # After a kill, how long to wait for the pipes to close before giving up on them.
 KILL_DRAIN_S = 2.0
-TIMEOUT_EXIT = 124
+TIMEOUT_EXIT = 124  # sandgym.sandboxes.result.TIMEOUT_EXIT (stdlib only here: it cannot import it)
 
 
 class RequestError(Exception):
@@ -79,47 +82,6 @@ class RequestError(Exception):
 
 class _Stop(BaseException):
     """Raised in the main thread by the SIGTERM handler to leave accept() at once."""
-
-
-# ----------------------------------------------------------------------------- framing
-
-
-def _recv_exact(rfile: Any, n: int) -> bytes:
-    data = rfile.read(n)
-    if data is None or len(data) != n:
-        raise EOFError("connection closed mid-frame")
-    return data
-
-
-def recv_frame(rfile: Any) -> Optional[Tuple[Dict[str, Any], List[bytes]]]:
-    """The next frame, or None on a clean end of stream between frames."""
-    head = rfile.read(_LEN.size)
-    if not head:
-        return None
-    if len(head) != _LEN.size:
-        raise EOFError("connection closed mid-frame")
-    (n,) = _LEN.unpack(head)
-    if n > MAX_HEADER:
-        raise RequestError("bad_request", f"header of {n} bytes is over the limit")
-    header = json.loads(_recv_exact(rfile, n))
-    if not isinstance(header, dict):
-        raise RequestError("bad_request", "header must be a JSON object")
-    sizes = header.get("blobs") or []
-    blobs = [_recv_exact(rfile, int(k)) if k else b"" for k in sizes]
-    return header, blobs
-
-
-def send_frame(sock: socket.socket, header: Dict[str, Any], blobs: Sequence[bytes] = ()) -> None:
-    header["blobs"] = [len(b) for b in blobs]
-    h = json.dumps(header, separators=(",", ":")).encode()
-    total = len(h) + sum(len(b) for b in blobs)
-    if total <= (1 << 20):  # one syscall for the common small reply
-        sock.sendall(b"".join([_LEN.pack(len(h)), h, *blobs]))
-    else:  # big payloads: no extra copy
-        sock.sendall(_LEN.pack(len(h)) + h)
-        for b in blobs:
-            if b:
-                sock.sendall(b)
 
 
 # ----------------------------------------------------------------------------- processes
@@ -457,36 +419,6 @@ def _supervise(
 
 
 # ----------------------------------------------------------------------------- live processes
-
-
-class FrameReader:
-    """Frames parsed from bytes as they arrive in any split (for a socket watched by
-    select(), where a buffered file would hide bytes it has already read)."""
-
-    def __init__(self) -> None:
-        self.buf = bytearray()
-
-    def feed(self, data: bytes) -> List[Tuple[Dict[str, Any], List[bytes]]]:
-        self.buf += data
-        frames = []
-        while len(self.buf) >= _LEN.size:
-            (n,) = _LEN.unpack_from(self.buf)
-            if n > MAX_HEADER:
-                raise RequestError("bad_request", "header of %d bytes is over the limit" % n)
-            if len(self.buf) < _LEN.size + n:
-                break
-            header = json.loads(bytes(self.buf[_LEN.size : _LEN.size + n]))
-            sizes = [int(k) for k in (header.get("blobs") or [])]
-            end = _LEN.size + n + sum(sizes)
-            if len(self.buf) < end:
-                break
-            pos, blobs = _LEN.size + n, []
-            for k in sizes:
-                blobs.append(bytes(self.buf[pos : pos + k]))
-                pos += k
-            del self.buf[:end]
-            frames.append((header, blobs))
-        return frames
 
 
 _STDIN_HIGH = 4 << 20  # stdin buffered for a process that does not read it: stop reading the client

@@ -30,10 +30,9 @@ import anyio
 from ..base import Command, Sandbox, as_bytes, shell_argv
 from ..errors import SandboxCreateError, SandboxError, SandboxFileNotFound, SandboxGoneError, SpecError
 from ..output import CappedBuffer
-from ..result import ExecResult, SandboxInfo
+from ..result import TIMEOUT_EXIT, ExecResult, SandboxInfo
 from ..spec import EgressPolicy, SandboxSpec
 
-TIMEOUT_EXIT = 124
 _DEADLINE_GRACE_MS = 5000
 _LABEL_SEP = "="
 _PAGE = 100
@@ -102,13 +101,9 @@ class PrimeSandbox(Sandbox):
     def __repr__(self) -> str:
         return f"PrimeSandbox({self.id}, {self.endpoint.url})"
 
-    def _live(self) -> None:
-        if self._closed:
-            raise SandboxGoneError(f"sandbox {self.id} is closed")
-
     async def set_egress(self, policy: EgressPolicy | None) -> None:
         """Prime's egress policy endpoint (set_network)."""
-        self._live()
+        self._raise_if_closed()
         net = prime_network(policy)
         allow, deny = net["network_allowlist"], net["network_denylist"]
         if allow is not None and not allow:  # nothing: Prime's "deny everything"
@@ -129,7 +124,7 @@ class PrimeSandbox(Sandbox):
         cwd: str | None = None,
         stdin: bytes | str | None = None,
     ) -> ExecResult:
-        self._live()
+        self._raise_if_closed()
         timeout = self.spec.exec_timeout_s if timeout is None else timeout
         script = _script(cmd)
         stdin_path = None
@@ -215,14 +210,14 @@ class PrimeSandbox(Sandbox):
             return bytes(out), bytes(err), code, False, truncated
 
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
-        self._live()
+        self._raise_if_closed()
         target = self.resolve(path)
         await self._gateway(self.endpoint.client.upload_bytes(self.id, target, as_bytes(data), os.path.basename(target) or "file"))
         if mode != 0o644:
             await self._check(await self.exec(["chmod", format(mode, "o"), target]), f"chmod {target}")
 
     async def read_file(self, path: str) -> bytes:
-        self._live()
+        self._raise_if_closed()
         target = self.resolve(path)
         with tempfile.TemporaryDirectory(prefix="sandgym-prime-") as tmp:
             local = os.path.join(tmp, "f")

@@ -30,13 +30,12 @@ from anyio import to_thread
 
 from ...errors import SandboxError, SandboxFileNotFound, SandboxGoneError
 from ...output import CappedBuffer
-from ...result import ExecResult
+from ...result import TIMEOUT_EXIT, ExecResult
 from .demux import AttachStream, Demux
 
 log = logging.getLogger(__name__)
 
 EXEC_ID_ENV = "SANDGYM_EXEC_ID"
-TIMEOUT_EXIT = 124
 KILLED_EXIT = 137
 # After the in-sandbox timer should have fired, how long the host waits before killing itself.
 _BACKSTOP_S = 1.0

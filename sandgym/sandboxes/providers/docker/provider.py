@@ -183,10 +183,6 @@ class DockerSandbox(Sandbox):
     def __repr__(self) -> str:
         return f"DockerSandbox({self.id[:12]}, image={self.spec.image!r})"
 
-    def _live(self) -> None:
-        if self._closed:
-            raise SandboxGoneError(f"sandbox {self.id[:12]} is closed")
-
     async def _gone(self, exc: SandboxGoneError) -> SandboxGoneError:
         """Fill in why the container went away (the engine's events), when known."""
         if exc.reason is None and not self._closed:
@@ -200,7 +196,7 @@ class DockerSandbox(Sandbox):
     async def set_egress(self, policy: EgressPolicy | None) -> None:
         """New connections follow `policy` at once (None: nowhere). Only for sandboxes
         created with an egress policy (`EgressPolicy.nothing()` to start closed)."""
-        self._live()
+        self._raise_if_closed()
         await self._owner._set_egress(self, policy)
 
     async def egress_log(self) -> list[EgressLogEntry]:
@@ -227,7 +223,7 @@ class DockerSandbox(Sandbox):
         cwd: str | None = None,
         stdin: bytes | str | None = None,
     ) -> ExecResult:
-        self._live()
+        self._raise_if_closed()
         try:
             res = await self.transport.exec(
                 shell_argv(cmd),
@@ -256,7 +252,7 @@ class DockerSandbox(Sandbox):
     ) -> list[ExecResult]:
         """With execd: all jobs in one round trip, run inside the sandbox on up to
         `parallel` (default: its CPU quota) at once. Otherwise concurrent execs."""
-        self._live()
+        self._raise_if_closed()
         if not isinstance(self.transport, DockerExecdTransport):
             return await super().exec_many(jobs, parallel=parallel)
         limit = self.spec.output_limit_bytes
@@ -291,7 +287,7 @@ class DockerSandbox(Sandbox):
         """A live process (sandboxes/live.py): execd runs it on a connection of its own
         (execd/live.py: as fast as an exec); a sandbox without execd, or whose execd predates
         live processes (adopted across an upgrade), gets the exec-built one."""
-        self._live()
+        self._raise_if_closed()
         where = self.resolve(cwd) if cwd else None
         try:
             if isinstance(self.transport, DockerExecdTransport):
@@ -307,7 +303,7 @@ class DockerSandbox(Sandbox):
             raise await self._gone(exc) from None
 
     async def attach_live(self, handle: LiveHandle, argv: Sequence[str]) -> LiveProcess:
-        self._live()
+        self._raise_if_closed()
         if handle.kind != ExecdLiveProcess.KIND:
             return await super().attach_live(handle, argv)
         if not isinstance(self.transport, DockerExecdTransport):
@@ -361,28 +357,28 @@ class DockerSandbox(Sandbox):
             return fresh
 
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
-        self._live()
+        self._raise_if_closed()
         try:
             await self.transport.write_file(self.resolve(path), as_bytes(data), mode)
         except SandboxGoneError as exc:
             raise await self._gone(exc) from None
 
     async def read_file(self, path: str) -> bytes:
-        self._live()
+        self._raise_if_closed()
         try:
             return await self.transport.read_file(self.resolve(path))
         except SandboxGoneError as exc:
             raise await self._gone(exc) from None
 
     async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
-        self._live()
+        self._raise_if_closed()
         try:
             await self.transport.put_archive(self.resolve(dest_dir), tar_bytes)
         except SandboxGoneError as exc:
             raise await self._gone(exc) from None
 
     async def get_archive(self, path: str) -> bytes:
-        self._live()
+        self._raise_if_closed()
         try:
             return await self.transport.get_archive(self.resolve(path))
         except SandboxGoneError as exc:

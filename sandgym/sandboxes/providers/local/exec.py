@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ...errors import SandboxError
 from ...output import CappedBuffer
-from ...result import ExecResult
+from ...result import TIMEOUT_EXIT, ExecResult
 
 _CHUNK = 1 << 16
 # After the command exits, how long we keep reading output that background processes
@@ -178,7 +178,7 @@ async def run_process(
         after = oom_counter()
         oom = after is not None and after > oom_before
     if timed_out:
-        exit_code = 124
+        exit_code = TIMEOUT_EXIT
     return ExecResult(
         exit_code=exit_code,
         stdout_bytes=out.getvalue(),

@@ -551,8 +551,7 @@ class LocalSandbox(Sandbox):
         cwd: str | None = None,
         stdin: bytes | str | None = None,
     ) -> ExecResult:
-        if self._closed:
-            raise SandboxGoneError(f"sandbox {self.id} is closed")
+        self._raise_if_closed()
         argv = shell_argv(cmd)
         timeout = float(timeout if timeout is not None else self.spec.exec_timeout_s)
         where = posixpath.normpath(self.resolve(cwd)) if cwd else self.spec.workdir
@@ -594,10 +593,6 @@ class LocalSandbox(Sandbox):
 
     # ---- files -----------------------------------------------------------------------
 
-    def _live(self) -> None:
-        if self._closed:
-            raise SandboxGoneError(f"sandbox {self.id} is closed")
-
     async def _fs_call(self, fn: Callable[..., T], *args: object) -> T:
         try:
             return await anyio.to_thread.run_sync(fn, *args)
@@ -607,19 +602,19 @@ class LocalSandbox(Sandbox):
             raise SandboxError(f"{e.strerror or e} ({args[0]})") from e
 
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
-        self._live()
+        self._raise_if_closed()
         await self._fs_call(self._fs.write_file, self.resolve(path), as_bytes(data), mode)
 
     async def read_file(self, path: str) -> bytes:
-        self._live()
+        self._raise_if_closed()
         return await self._fs_call(self._fs.read_file, self.resolve(path))
 
     async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
-        self._live()
+        self._raise_if_closed()
         await self._fs_call(self._fs.put_archive, self.resolve(dest_dir), tar_bytes)
 
     async def get_archive(self, path: str) -> bytes:
-        self._live()
+        self._raise_if_closed()
         return await self._fs_call(self._fs.get_archive, self.resolve(path))
 
     async def close(self) -> None:

@@ -1,4 +1,4 @@
-"""Distributed rollouts on a Ray fleet: `sandgym eval ENV --ray ADDRESS`, and the trainer's
+"""The driver of rollouts on a Ray fleet: `sandgym eval ENV --ray ADDRESS`, and the trainer's
 rollout source with a Ray address (train/ray_source.py).
 
 The driver keeps the run's state in the same run folder as on one machine (sandgym.run_folder,
@@ -218,7 +218,7 @@ def default_concurrency(fleet: Fleet) -> int:
     return max(1, sum(2 * n.limit for n in fleet.ready_nodes()))
 
 
-async def run_distributed_eval(
+async def run_fleet_eval(
     env: Environment,
     env_spec: EnvSpec,
     client_spec: ClientSpec,

@@ -110,15 +110,15 @@ def test_cli_eval_survives_a_node_killed_mid_run(cluster: Any, tmp_path: Path) -
 @pytest.mark.anyio
 async def test_resume_on_the_fleet_runs_only_what_is_missing(cluster: Any, tmp_path: Path) -> None:
     from sandgym.envs import load_environment
-    from sandgym.fleet.distributed import run_distributed_eval
+    from sandgym.fleet.driver import run_fleet_eval
     from sandgym.fleet.jobs import ClientSpec, EnvSpec
 
     env_spec = EnvSpec(name="humaneval")
     client = ClientSpec(model="oracle", policy="oracle")
     env = load_environment("humaneval")
-    first = await run_distributed_eval(env, env_spec, client, address=cluster.address, output_dir=tmp_path, num_examples=10)
+    first = await run_fleet_eval(env, env_spec, client, address=cluster.address, output_dir=tmp_path, num_examples=10)
     assert (first["num_rollouts"], first["passed"], first["new_rollouts"]) == (10, 10, 10)
-    second = await run_distributed_eval(env, env_spec, client, address=cluster.address, output_dir=tmp_path,
+    second = await run_fleet_eval(env, env_spec, client, address=cluster.address, output_dir=tmp_path,
                                         num_examples=25, concurrency=4)
     assert (second["num_rollouts"], second["passed"], second["new_rollouts"], second["resumed_rollouts"]) == (25, 25, 15, 10)
     assert second["fleet"]["concurrency"] == 4 and second["fleet"]["per_node_concurrency"] == 2
@@ -133,7 +133,7 @@ async def test_an_environment_with_a_session_verifier_runs_on_the_fleet(cluster:
     holds the environment inside its session, so the verifier is there for its rollouts."""
     from sandgym.envs import load_environment
     from sandgym.envs.math_python import MATH_IMAGE
-    from sandgym.fleet.distributed import run_distributed_eval
+    from sandgym.fleet.driver import run_fleet_eval
     from sandgym.fleet.jobs import ClientSpec, EnvSpec
     from sandgym.sandboxes.providers.docker.images import build_missing
 
@@ -143,7 +143,7 @@ async def test_an_environment_with_a_session_verifier_runs_on_the_fleet(cluster:
     env = load_environment("math_python", **args)
     n = len(env.rows())
     node = cluster.names[2]  # one node: one verifier to start
-    s = await run_distributed_eval(env, EnvSpec(name="math_python", args=args), ClientSpec(model="oracle", policy="oracle"),
+    s = await run_fleet_eval(env, EnvSpec(name="math_python", args=args), ClientSpec(model="oracle", policy="oracle"),
                                    address=cluster.address, output_dir=tmp_path, concurrency=3, fleet_options={"nodes": [node]})
     assert (s["num_rollouts"], s["passed"], s["errors"]) == (n, n, 0), s["error_kinds"]
     assert s["fleet"]["rollouts_by_node"] == {node: n}
@@ -161,7 +161,7 @@ async def test_an_environment_with_a_session_verifier_runs_on_the_fleet(cluster:
 def test_a_fan_in_past_what_an_agent_serves_is_refused() -> None:
     """No silent cap: more rollouts per node than an agent's max_concurrency is an error."""
     from sandgym.envs import load_environment
-    from sandgym.fleet.distributed import RolloutDispatcher
+    from sandgym.fleet.driver import RolloutDispatcher
     from sandgym.fleet.jobs import ClientSpec, EnvSpec
     from sandgym.sandboxes.providers.ray.fleet import AGENT_MAX_CONCURRENCY, Fleet
 
