@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # docker's SDK is imported when a command needs it
 err = LazyConsole(stderr=True)
 out = LazyConsole()
 
-ProviderOpt = Annotated[str, typer.Option("--provider", "-p", help="docker, local, prime or ray.")]
+ProviderOpt = Annotated[str, typer.Option("--provider", "-p", help="docker, local, prime, ray, an installed one, or a class by dotted path (pkg.module:ClassName).")]
 
 
 def _entries(values: list[str] | None) -> list[str]:

@@ -104,7 +104,7 @@ class Sandbox(ABC):
 
     async def detach(self) -> None:  # noqa: B027 - a no-op unless the provider holds client resources
         """Let go of the sandbox without destroying it: release client resources only (a
-        provider with `adopt` can take it over again, e.g. after a server restart)."""
+        provider that is an `AdoptingProvider` can take it over again, e.g. after a server restart)."""
 
     async def exec_many(self, jobs: Sequence[ExecJob], *, parallel: int | None = None) -> list[ExecResult]:
         """Run many commands, results in job order (each as `exec` would return it). This
@@ -239,4 +239,16 @@ class Provider(Protocol):
 
     async def aclose(self) -> None:
         """Release client resources (connections); does not remove sandboxes."""
+        ...
+
+
+@runtime_checkable
+class AdoptingProvider(Provider, Protocol):
+    """A provider that can take over a sandbox made earlier, by this or another process (a
+    server restarted on the same state): an optional capability, asked for with
+    `isinstance(provider, AdoptingProvider)`. docker has it."""
+
+    async def adopt(self, sandbox_id: str, spec: SandboxSpec) -> Sandbox:
+        """The running sandbox `sandbox_id`, made from `spec`, as a `Sandbox` again. Raises
+        SandboxGoneError when it is not running."""
         ...
