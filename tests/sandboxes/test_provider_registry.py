@@ -132,3 +132,26 @@ async def test_adopting_is_a_declared_capability() -> None:
         assert isinstance(docker, AdoptingProvider) and not isinstance(local, AdoptingProvider)
     finally:
         await docker.aclose()
+
+
+def _sandgym(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/local/bin:/usr/bin:/bin", "COLUMNS": "200", "HOME": str(Path.home())}
+    return subprocess.run([sys.executable, "-m", "sandgym", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=600)
+
+
+def test_a_provider_outside_sandgym_passes_the_check_command() -> None:
+    """`sandgym sandbox check --provider pkg.mod:Cls`, for real, on a provider sandgym does not know."""
+    from sandgym.sandboxes.contract import CHECKS
+
+    out = _sandgym("sandbox", "check", "--provider", "tests.sandboxes.outside_provider:OutsideProvider")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"outside: {len(CHECKS)}/{len(CHECKS)} checks passed" in out.stderr, out.stderr
+    assert "FAIL" not in out.stdout and "list_filters_by_labels" in out.stdout
+
+
+def test_the_check_command_refuses_an_unknown_provider_in_one_line() -> None:
+    out = _sandgym("sandbox", "check", "--provider", "tests.sandboxes.outside_provider:Missing")
+    assert out.returncode == 2
+    assert "unknown provider 'tests.sandboxes.outside_provider:Missing'" in out.stderr
+    assert "docker, local, prime, ray" in out.stderr and "pkg.module:ClassName" in out.stderr
