@@ -470,7 +470,7 @@ async def empty_argv_is_refused(provider: Provider, spec: SandboxSpec) -> None:
 async def read_directory_raises(provider: Provider, spec: SandboxSpec) -> None:
     async with _sandbox(provider, spec) as sb:
         await sb.exec("mkdir -p adir")
-        await _raises("read_file of a directory", sb.read_file("adir"), SandboxError, IsADirectoryError)
+        await _raises("read_file of a directory", sb.read_file("adir"), SandboxError)
 
 
 async def read_missing_in_missing_dir_raises(provider: Provider, spec: SandboxSpec) -> None:
@@ -485,7 +485,7 @@ async def read_unreadable_raises(provider: Provider, spec: SandboxSpec) -> None:
             raise NotApplicable("the sandbox runs as root, who may read anything")
         await sb.write_file("secret.txt", "s")
         await sb.exec("chmod 000 secret.txt")
-        await _raises("read_file of a mode-000 file", sb.read_file("secret.txt"), SandboxError, PermissionError)
+        await _raises("read_file of a mode-000 file", sb.read_file("secret.txt"), SandboxError)
 
 
 async def write_where_not_permitted_raises(provider: Provider, spec: SandboxSpec) -> None:
@@ -493,7 +493,7 @@ async def write_where_not_permitted_raises(provider: Provider, spec: SandboxSpec
         if (await sb.exec("id -u")).stdout.strip() == "0":
             raise NotApplicable("the sandbox runs as root, who may write anything")
         await _raises("write_file('/etc/sandgym-contract')", sb.write_file("/etc/sandgym-contract", "x"),
-                      SandboxError, PermissionError)
+                      SandboxError)
         r = await sb.exec("test -e /etc/sandgym-contract && echo exists || echo absent")
         expect(r.stdout == "absent\n", "a refused write left a file behind")
 
@@ -508,7 +508,7 @@ async def write_into_missing_parents(provider: Provider, spec: SandboxSpec) -> N
 async def write_onto_directory_raises(provider: Provider, spec: SandboxSpec) -> None:
     async with _sandbox(provider, spec) as sb:
         await sb.exec("mkdir -p adir && touch adir/keep")
-        await _raises("write_file onto a directory", sb.write_file("adir", "x"), SandboxError, IsADirectoryError)
+        await _raises("write_file onto a directory", sb.write_file("adir", "x"), SandboxError)
         r = await sb.exec("test -f adir/keep && echo kept")
         expect(r.stdout == "kept\n", "writing onto a directory destroyed it")
 
@@ -517,7 +517,7 @@ async def write_under_a_file_raises(provider: Provider, spec: SandboxSpec) -> No
     async with _sandbox(provider, spec) as sb:
         await sb.write_file("afile", "x")
         await _raises("write_file('afile/child')", sb.write_file("afile/child", "y"),
-                      SandboxError, NotADirectoryError, FileExistsError)
+                      SandboxError)
         expect(await sb.read_file("afile") == b"x", "a failed write under a file changed the file")
 
 

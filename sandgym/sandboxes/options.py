@@ -13,11 +13,13 @@ import os
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class ProviderOptions(BaseModel):
-    """Options of one provider: unknown ones are refused; values are passed on as given."""
+    """Options of one provider: unknown ones are refused; values are passed on as given. A
+    field holding another provider's options names the field with that provider's name in
+    `json_schema_extra={"options_of": ...}`; the registry checks them against it."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, frozen=True)
 
@@ -74,13 +76,6 @@ class RayOptions(ProviderOptions):
     lease_s: float = 60.0
     node_wait_s: float = 120.0
     agent_provider: str = Field("docker", description="the provider a node agent runs")
-    agent_provider_options: dict[str, Any] | None = Field(None, description="its options (checked against it)")
+    agent_provider_options: dict[str, Any] | None = Field(
+        None, description="its options (checked against it)", json_schema_extra={"options_of": "agent_provider"})
     agent_max_sandboxes: int | None = None
-
-    @model_validator(mode="after")
-    def _agent_options_fit(self) -> RayOptions:
-        if self.agent_provider_options:
-            from .registry import provider_options
-
-            provider_options(self.agent_provider, self.agent_provider_options)
-        return self

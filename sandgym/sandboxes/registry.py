@@ -125,6 +125,11 @@ def provider_options(name: str, options: Mapping[str, Any], cls: type[Any] | Non
         raise ProviderOptionsError(
             f"bad option for the {name} provider: {'; '.join(problems)} (its options: {known})"
         ) from None
+    for key, info in model.model_fields.items():  # options of another provider, e.g. a node agent's
+        extra = info.json_schema_extra
+        nested = getattr(checked, key)
+        if isinstance(extra, dict) and "options_of" in extra and nested:
+            provider_options(str(getattr(checked, str(extra["options_of"]))), nested)
     return {k: getattr(checked, k) for k in checked.model_fields_set}
 
 
