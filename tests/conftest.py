@@ -1,5 +1,5 @@
-"""Shared fixtures: real providers (docker engine, local processes, prime via `sandgym serve`),
-and the one place that decides whether a test may run here: `require(...)`.
+"""Shared fixtures (the session's simulated Ray cluster), and the one place that decides
+whether a test may run here: `require(...)`.
 
 A test that needs something of the machine says so with `require("docker", "vm")` (or the
 `requires("docker", "vm")` marker; the `docker` marker is `requires("docker")`). Where it is
@@ -19,12 +19,12 @@ import shutil
 import subprocess
 import sys
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 import pytest
 
-from sandgym.sandboxes import Provider, SandboxSpec, get_provider
+from sandgym.sandboxes import SandboxSpec
 from sandgym.sandboxes.spec import EgressPolicy
 
 CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
@@ -237,28 +237,24 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-async def _make_provider(name: str) -> AsyncIterator[Provider]:
-    if name == "docker":
-        require("docker")
-        yield get_provider("docker")
-    elif name == "local":
-        yield get_provider("local")
-    elif name == "prime":
-        from sandgym.platform.testing import prime_provider_for_tests
-
-        async with prime_provider_for_tests() as p:
-            yield p
-    else:  # pragma: no cover
-        raise ValueError(name)
+NODE_CAP = 3  # sandboxes per node of `cluster`: small, the three nodes share two cores
 
 
-@pytest.fixture(params=["docker", "local", "prime"])
-async def provider(request: pytest.FixtureRequest) -> AsyncIterator[Provider]:
-    """Every provider, for the shared contract suite."""
-    gen = _make_provider(request.param)
-    p = await gen.__anext__()
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[object]:
+    """A simulated 3-node Ray cluster on 127.0.0.1 (one raylet per node, one Docker engine),
+    shared by the tests of a session that need one (a process joins one Ray cluster only).
+    Node names carry this session's pid, so the containers its agents make (labelled
+    `sandgym.node=<name>`) are told apart from anyone else's. Tests that kill a node bring it
+    back before they end."""
+    require("docker", "ray")
+    from sandgym.sandboxes.providers.ray.cluster import LocalCluster, connect
+
+    names = [f"t{os.getpid()}n{i}" for i in range(3)]
+    c = LocalCluster(names, max_sandboxes_per_node=NODE_CAP, num_gpus=2)
+    c.start()
+    connect(c.address)  # this process is a driver too
     try:
-        yield p
+        yield c
     finally:
-        await gen.aclose()
-        await p.aclose()
+        c.shutdown()

@@ -50,10 +50,12 @@ def _sandbox_spec_error() -> type[Exception]:
 def check_provider(name: str) -> None:
     """A sandbox provider named on the command line must exist, checked up front: an
     environment without sandboxes would otherwise never notice a typo."""
-    from sandgym.sandboxes.registry import PROVIDERS
+    from sandgym.sandboxes.registry import UnknownProviderError, provider_class
 
-    if name not in PROVIDERS:
-        raise UnknownNameError(f"unknown provider {name!r}; choose one of {', '.join(PROVIDERS)}")
+    try:
+        provider_class(name)
+    except UnknownProviderError as exc:
+        raise UnknownNameError(str(exc)) from None
 
 
 def format_validation_error(exc: Any) -> str:

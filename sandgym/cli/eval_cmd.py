@@ -64,7 +64,7 @@ def eval_command(
     checkpoint: Optional[Path] = typer.Option(
         None, "--checkpoint", help="A `sandgym sft` or `sandgym train` run folder (its newest checkpoint) or checkpoint: serve it with the built-in transformers backend and evaluate it."
     ),
-    provider: Optional[str] = typer.Option(None, "--provider", help="Sandbox provider: docker (default), local, prime or ray."),
+    provider: Optional[str] = typer.Option(None, "--provider", help="Sandbox provider: docker (default), local, prime, ray, an installed one, or pkg.module:ClassName."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory (default: runs/eval-ENV-TIME)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Resume the run in this directory: skip rollouts already recorded. What is not given again (model or policy, env args, sampling, provider, examples, rollouts) is the run's own, from its meta.json."),
     env_arg: list[str] = typer.Option([], "--env-arg", "-a", help="KEY=VALUE (JSON value) or a JSON object for load_environment."),

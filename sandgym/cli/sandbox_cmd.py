@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # docker's SDK is imported when a command needs it
 err = LazyConsole(stderr=True)
 out = LazyConsole()
 
-ProviderOpt = Annotated[str, typer.Option("--provider", "-p", help="docker, local, prime or ray.")]
+ProviderOpt = Annotated[str, typer.Option("--provider", "-p", help="docker, local, prime, ray, an installed one, or a class by dotted path (pkg.module:ClassName).")]
 
 
 def _entries(values: list[str] | None) -> list[str]:
@@ -243,6 +243,7 @@ def register(app: typer.Typer) -> None:
         """Run the provider contract (sandgym.sandboxes.contract) against a provider: each
         check creates and destroys its own sandboxes. Exit status 1 when a check fails."""
         import anyio
+        from rich.markup import escape
 
         from sandgym.sandboxes import get_provider
         from sandgym.sandboxes.contract import CHECKS, DEFAULT_SPEC, ContractReport, run_contract
@@ -255,8 +256,8 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(2)
         try:
             p = get_provider(provider)
-        except ValueError as exc:
-            err.print(f"[red]error:[/] {exc}")
+        except ValueError as exc:  # an unknown name, or options it does not take
+            err.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(2) from None
 
         async def go() -> ContractReport:
@@ -271,7 +272,6 @@ def register(app: typer.Typer) -> None:
             print(json.dumps({"provider": report.provider, "ok": report.ok,
                               "results": [r.__dict__ for r in report.results]}))
         else:
-            from rich.markup import escape
             from rich.table import Table
 
             table = Table(title=f"provider contract: {provider}")
@@ -281,10 +281,10 @@ def register(app: typer.Typer) -> None:
             table.add_column("message", overflow="fold")
             descriptions = {c.name: c.description for c in CHECKS}
             for r in report.results:
-                table.add_row(r.name, "[green]pass[/]" if r.ok else "[red]FAIL[/]", f"{r.duration_s:.2f}s",
+                verdict = "[yellow]n/a[/]" if not r.applicable else "[green]pass[/]" if r.ok else "[red]FAIL[/]"
+                table.add_row(r.name, verdict, f"{r.duration_s:.2f}s",
                               escape(r.message) if r.message else f"[dim]{escape(descriptions[r.name])}[/]")
             out.print(table)
-            passed = len(report.results) - len(report.failures)
-            err.print(f"{passed}/{len(report.results)} checks passed")
+            err.print(report.summary())
         if not report.ok:
             raise typer.Exit(1)

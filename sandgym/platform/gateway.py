@@ -23,7 +23,7 @@ from google.protobuf.message import Message
 from prime_sandboxes._proto.command_session import command_session_pb2 as pb
 
 from sandgym.sandboxes.base import Sandbox
-from sandgym.sandboxes.errors import SandboxFileNotFound, SandboxGoneError
+from sandgym.sandboxes.errors import SandboxError, SandboxFileNotFound, SandboxGoneError
 
 from .connect import Codec, ConnectFault, UnsupportedMediaType, end_stream, envelope, iter_envelopes, parse_timeout_ms
 from .models import ReadFileOut, UploadOut
@@ -196,7 +196,7 @@ def build_router(service: Service) -> APIRouter:
         except SandboxGoneError as exc:
             service.sandbox_died(rec, exc)
             return JSONResponse({"error": "sandbox_terminated", "message": str(exc)}, status_code=410)
-        except Exception as exc:
+        except SandboxError as exc:  # what write_file raises (base.Sandbox); anything else is a bug: 500
             return JSONResponse({"error": "upload_failed", "message": f"{type(exc).__name__}: {exc}"}, status_code=400)
         finally:
             rec.active_ops -= 1
@@ -217,7 +217,7 @@ def build_router(service: Service) -> APIRouter:
         except SandboxGoneError as exc:
             service.sandbox_died(rec, exc)
             return JSONResponse({"error": "sandbox_terminated", "message": str(exc)}, status_code=410)
-        except Exception as exc:
+        except SandboxError as exc:  # what read_file raises (base.Sandbox); anything else is a bug: 500
             return JSONResponse({"error": "read_failed", "message": f"{type(exc).__name__}: {exc}"}, status_code=400)
         finally:
             rec.active_ops -= 1

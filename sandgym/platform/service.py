@@ -35,10 +35,11 @@ import anyio.from_thread
 from anyio.abc import TaskGroup
 from pydantic import ValidationError
 
-from sandgym.sandboxes.base import Provider
+from sandgym.sandboxes.base import AdoptingProvider, Provider
 from sandgym.sandboxes.errors import ImagePullError, SpecError
 from sandgym.sandboxes.live import LiveHandle
 from sandgym.sandboxes.manager import SandboxManager
+from sandgym.sandboxes.registry import provider_options
 from sandgym.sandboxes.spec import SandboxSpec
 
 from .db import StateDB, StateWriteError
@@ -130,6 +131,11 @@ class ServerConfig:
     max_body_bytes: int = 16 << 20  # control plane and Connect requests (413 past it)
     max_upload_bytes: int = 256 << 20  # gateway file uploads
     drain_s: float = 20.0  # a stop or re-exec waits this long for in-flight work (runner.py)
+
+    def __post_init__(self) -> None:
+        # A misspelt provider option is refused by name here, before anything starts.
+        if isinstance(self.provider, str):
+            self.provider_options = provider_options(self.provider, self.provider_options)
 
     def default_quota(self) -> int:
         """Below the host cap as soon as two tokens share it, so one tenant never fills it."""
@@ -339,7 +345,7 @@ class Service:
                 await self._remove_quietly(extra.id)
             else:
                 by_record[rid] = info
-        adopt = getattr(provider, "adopt", None)
+        adopt = provider.adopt if isinstance(provider, AdoptingProvider) else None
         for rec in live:
             rec.sessions = SessionTable()
             info = by_record.pop(rec.id, None)

@@ -56,7 +56,18 @@ class ExecJob:
 
 
 class Sandbox(ABC):
-    """An isolated place to run commands. Always `close()` it (the manager does)."""
+    """An isolated place to run commands. Always `close()` it (the manager does).
+
+    What its methods raise (errors.py), the same for every provider (contract.py checks it):
+    - SandboxGoneError: the sandbox is closed, removed, or died (`reason` says why when
+      known); SandboxLostError, a kind of it, when the machine holding it was lost.
+    - SandboxFileNotFound (also a FileNotFoundError): a file call named a missing path.
+    - SandboxError: anything else the sandbox or its transport could not do (a directory
+      read as a file, a write where the sandbox user may not write, a broken connection).
+    - ValueError: the call itself is malformed (an empty argv).
+    A command that fails is never a raise: it is an ExecResult (exit 127 for a missing
+    program, 126 for one that cannot run, 128+N for death by signal N, 124 for a timeout).
+    """
 
     id: str
     spec: SandboxSpec
@@ -80,31 +91,50 @@ class Sandbox(ABC):
         stdin: bytes | str | None = None,
     ) -> ExecResult:
         """Run a command; past `timeout` (default spec.exec_timeout_s) it is killed with its
-        children and reported with `timed_out=True`. Never raises for a failing command."""
+        children and reported with `timed_out=True` and exit 124. Never raises for a failing
+        command (a missing program is exit 127; death by signal N is 128+N, not a timeout).
+        stdout and stderr are each capped at spec.output_limit_bytes (`truncated`).
+
+        Raises: SandboxGoneError (closed, removed or dead); SandboxError when the command
+        could not be started or its result not fetched (transport); ValueError for an empty
+        argv. A missing `cwd` either raises SandboxError or fails the command, never runs it
+        elsewhere."""
 
     @abstractmethod
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
-        """Create or replace a file (parents created); relative paths are under the workdir."""
+        """Create or replace a file (parents created, content truncated, `mode` applied);
+        relative paths are under the workdir.
+
+        Raises: SandboxError where the sandbox user may not write, onto a directory, or below
+        a regular file; SandboxGoneError when the sandbox is gone."""
 
     @abstractmethod
     async def read_file(self, path: str) -> bytes:
-        """Read a whole file; raises SandboxFileNotFound when missing."""
+        """Read a whole file (no output cap: any size, any bytes).
+
+        Raises: SandboxFileNotFound when missing; SandboxError for a directory or a file the
+        sandbox user may not read; SandboxGoneError when the sandbox is gone."""
 
     @abstractmethod
     async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
-        """Extract a tar archive into `dest_dir` (created when missing)."""
+        """Extract a tar archive into `dest_dir` (created when missing).
+
+        Raises: SandboxError when it cannot be extracted there; SandboxGoneError."""
 
     @abstractmethod
     async def get_archive(self, path: str) -> bytes:
-        """A tar archive of `path` (a file or a directory), its basename at the top."""
+        """A tar archive of `path` (a file or a directory), its basename at the top.
+
+        Raises: SandboxFileNotFound when `path` is missing; SandboxGoneError."""
 
     @abstractmethod
     async def close(self) -> None:
-        """Destroy the sandbox. Idempotent."""
+        """Destroy the sandbox. Idempotent; never raises for a sandbox already gone. Every
+        later operation raises SandboxGoneError."""
 
     async def detach(self) -> None:  # noqa: B027 - a no-op unless the provider holds client resources
         """Let go of the sandbox without destroying it: release client resources only (a
-        provider with `adopt` can take it over again, e.g. after a server restart)."""
+        provider that is an `AdoptingProvider` can take it over again, e.g. after a server restart)."""
 
     async def exec_many(self, jobs: Sequence[ExecJob], *, parallel: int | None = None) -> list[ExecResult]:
         """Run many commands, results in job order (each as `exec` would return it). This
@@ -157,6 +187,7 @@ class Sandbox(ABC):
         return False
 
     async def alive(self) -> bool:
+        """Whether it answers a command now. Never raises."""
         try:
             return (await self.exec(["true"], timeout=10)).exit_code == 0
         except Exception:
@@ -236,7 +267,11 @@ class Provider(Protocol):
         ...
 
     async def create(self, spec: SandboxSpec, labels: Mapping[str, str]) -> Sandbox:
-        """Create and start a sandbox carrying `labels` (owner, pid, ...), ready for exec."""
+        """Create and start a sandbox carrying `labels` (owner, pid, ...), ready for exec.
+
+        Raises: SpecError when the spec cannot be honoured (ImagePullError, also a
+        SandboxCreateError, for an image that cannot be pulled); SandboxCreateError when
+        the provider could not create or start it (retryable)."""
         ...
 
     async def list(self, labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
@@ -244,9 +279,22 @@ class Provider(Protocol):
         ...
 
     async def remove(self, sandbox_id: str) -> None:
-        """Remove a sandbox by id, whoever made it. Idempotent."""
+        """Remove a sandbox by id, whoever made it. Idempotent: a missing id is no error.
+        Its `Sandbox` object raises SandboxGoneError from then on."""
         ...
 
     async def aclose(self) -> None:
         """Release client resources (connections); does not remove sandboxes."""
+        ...
+
+
+@runtime_checkable
+class AdoptingProvider(Provider, Protocol):
+    """A provider that can take over a sandbox made earlier, by this or another process (a
+    server restarted on the same state): an optional capability, asked for with
+    `isinstance(provider, AdoptingProvider)`. docker has it."""
+
+    async def adopt(self, sandbox_id: str, spec: SandboxSpec) -> Sandbox:
+        """The running sandbox `sandbox_id`, made from `spec`, as a `Sandbox` again. Raises
+        SandboxGoneError when it is not running."""
         ...

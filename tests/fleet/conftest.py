@@ -1,33 +1,13 @@
-"""A simulated 3-node Ray cluster on 127.0.0.1 (one raylet per node, one Docker engine), shared
-by the fleet tests of a session. Node names carry this session's pid, so the containers its
-agents make (labelled `sandgym.node=<name>`) are told apart from anyone else's. Tests that
-kill a node bring it back before they end."""
+"""The fleet tests' helpers; their cluster is tests/conftest.py's `cluster` (one per session:
+a process joins one Ray cluster only)."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-
 import pytest
 
-from tests.conftest import require
+from tests.conftest import NODE_CAP
 
-NODE_CAP = 3  # sandboxes per node: small, the three nodes share two cores
-
-
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[object]:
-    require("docker", "ray")
-    from sandgym.sandboxes.providers.ray.cluster import LocalCluster, connect
-
-    names = [f"t{os.getpid()}n{i}" for i in range(3)]
-    c = LocalCluster(names, max_sandboxes_per_node=NODE_CAP, num_gpus=2)
-    c.start()
-    connect(c.address)  # this process is a driver too
-    try:
-        yield c
-    finally:
-        c.shutdown()
+__all__ = ["NODE_CAP", "node_containers"]
 
 
 def node_containers(names: list[str]) -> list[str]:

@@ -122,6 +122,11 @@ class ExecdRequestError(SandboxError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
+        self.detail = message
+
+    def __reduce__(self) -> tuple[type[ExecdRequestError], tuple[str, str]]:
+        # It crosses processes as itself (a Ray node agent's error reaches the driver).
+        return type(self), (self.code, self.detail)
 
 
 @dataclass

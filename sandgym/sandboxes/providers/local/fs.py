@@ -166,7 +166,19 @@ class SandboxFS:
                 raise SandboxError(f"{path} is a directory")
             if not stat.S_ISREG(st.st_mode):
                 raise SandboxError(f"{path} is not a regular file")
+            if not self._may_read(st):
+                raise SandboxError(f"{path}: permission denied (mode {stat.S_IMODE(st.st_mode):o})")
             return f.read()
+
+    def _may_read(self, st: os.stat_result) -> bool:
+        """Whether the sandbox's user may read a file (we may be root, reading for it)."""
+        if self.uid is None or self.uid == os.geteuid():
+            return True  # the open itself was made as that user
+        if st.st_uid == self.uid:
+            return bool(st.st_mode & stat.S_IRUSR)
+        if st.st_gid == (self.gid or self.uid):
+            return bool(st.st_mode & stat.S_IRGRP)
+        return bool(st.st_mode & stat.S_IROTH)
 
     def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         fd, name, _ = self._walk(path, create=True, follow_final=True)

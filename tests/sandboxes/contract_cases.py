@@ -1,0 +1,18 @@
+"""The one way a provider's contract test asserts a check: it passes, or -- only where the
+sandbox runs as root (the vm profile), which the check reports -- it does not apply."""
+
+from __future__ import annotations
+
+from sandgym.sandboxes import Provider, SandboxSpec
+from sandgym.sandboxes.contract import Check, run_check
+
+
+def runs_as_root(spec: SandboxSpec) -> bool:
+    return spec.profile == "vm" and spec.user in (None, "root")
+
+
+async def assert_passes(check: Check, provider: Provider, spec: SandboxSpec) -> None:
+    result = await run_check(check, provider, spec)
+    assert result.ok, f"{check.name}: {result.message}"
+    if not result.applicable:
+        assert runs_as_root(spec) and "root" in result.message, f"{check.name} did not apply: {result.message}"
