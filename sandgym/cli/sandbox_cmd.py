@@ -239,6 +239,9 @@ def register(app: typer.Typer) -> None:
         image: Annotated[Optional[str], typer.Option(help="Image (docker/prime); needs bash, python3, coreutils.")] = None,
         only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only this check (repeatable).")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+        concurrency: Annotated[
+            int, typer.Option("--concurrency", "-c", min=1, help="Checks run at once (each has its own sandboxes).")
+        ] = 4,
     ) -> None:
         """Run the provider contract (sandgym.sandboxes.contract) against a provider: each
         check creates and destroys its own sandboxes. Exit status 1 when a check fails."""
@@ -262,7 +265,7 @@ def register(app: typer.Typer) -> None:
 
         async def go() -> ContractReport:
             try:
-                return await run_contract(p, spec, only=only or None)
+                return await run_contract(p, spec, only=only or None, concurrency=concurrency)
             finally:
                 await p.aclose()
 

@@ -716,15 +716,31 @@ async def run_check(check: Check, provider: Provider, spec: SandboxSpec = DEFAUL
 
 
 async def run_contract(
-    provider: Provider, spec: SandboxSpec = DEFAULT_SPEC, *, only: Sequence[str] | None = None
+    provider: Provider,
+    spec: SandboxSpec = DEFAULT_SPEC,
+    *,
+    only: Sequence[str] | None = None,
+    concurrency: int = 1,
 ) -> ContractReport:
-    """Run the checks (all, or those named in `only`) against `provider`, one after another."""
+    """Run the checks (all, or those named in `only`) against `provider`, `concurrency` at a
+    time (each check has sandboxes of its own); the report keeps the checks' order."""
     known = {c.name: c for c in CHECKS}
     unknown = [n for n in only or () if n not in known]
     if unknown:
         raise ValueError(f"unknown check(s) {unknown}; known: {', '.join(known)}")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    chosen = [c for c in CHECKS if only is None or c.name in only]
+    results: list[CheckResult | None] = [None] * len(chosen)
+    limit = anyio.CapacityLimiter(concurrency)
+
+    async def one(i: int, check: Check) -> None:
+        async with limit:
+            results[i] = await run_check(check, provider, spec)
+
+    async with anyio.create_task_group() as tg:
+        for i, check in enumerate(chosen):
+            tg.start_soon(one, i, check)
     report = ContractReport(provider=getattr(provider, "name", type(provider).__name__))
-    for check in CHECKS:
-        if only is None or check.name in only:
-            report.results.append(await run_check(check, provider, spec))
+    report.results = [r for r in results if r is not None]
     return report
