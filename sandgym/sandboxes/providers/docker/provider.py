@@ -95,6 +95,7 @@ SANDBOX_UID = 1000  # the images' non-root `sandbox` user
 DEFAULT_USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
 DEFAULT_OWNER = "sandgym"
 _MIB = 1 << 20
+_REMOVAL_WAIT_S = 30.0  # a removal another process has under way: how long to wait for its end
 # Where the container sees its own memory cgroup counters (v1, then v2).
 _OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
 # The same counters seen from the engine host (cgroupfs / systemd drivers, v1 / v2), for a
@@ -1182,9 +1183,18 @@ class DockerProvider:
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as e:
-            # auto_remove may already be removing it; that ends the same way.
+            # auto_remove, or another sandgym process's reaper, may already be removing it;
+            # that ends the same way, once it has ended: "removed" means gone.
             if e.status_code != 409:
                 raise
+            deadline = time.monotonic() + _REMOVAL_WAIT_S
+            while time.monotonic() < deadline:
+                try:
+                    self.api.inspect_container(sandbox_id)
+                except docker.errors.NotFound:
+                    return
+                time.sleep(0.1)
+            raise SandboxError(f"container {sandbox_id[:12]} is still being removed after {_REMOVAL_WAIT_S:g}s") from e
 
     async def remove(self, sandbox_id: str) -> None:
         await self._run(self._remove_blocking, sandbox_id)
