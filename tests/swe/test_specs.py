@@ -67,8 +67,6 @@ def test_rows_nothing_covers_fail_clearly() -> None:
     bad_version = r.resolve(_task("sympy/sympy", "0.0.1"))
     assert "no spec for sympy/sympy version '0.0.1'" in (bad_version.recipe_error or "")
     assert "1.1" in (bad_version.recipe_error or "")  # the known versions are listed
-    conda_only = r.resolve(_task("matplotlib/matplotlib", "3.5"))
-    assert "environment.yml" in (conda_only.recipe_error or "")
 
 
 def test_recipes_file_comes_first(tmp_path: Path) -> None:
