@@ -154,6 +154,8 @@ def recipe_from_spec(task: SWETask, repo: Path | None, *, env: bool = True) -> R
         tests["python"] = py_swap.new
         notes.append(f"Python {py_swap.old} -> {py_swap.new}: {py_swap.why} (source: {py_swap.source})")
     env_vars = dict(spec.get("env", {}) or {})
+    apt: list[str] = []
+    constraints: list[str] = []
     pip: list[str] = []
     requirements = ""
     packages = spec.get("packages", "")
@@ -164,9 +166,7 @@ def recipe_from_spec(task: SWETask, repo: Path | None, *, env: bool = True) -> R
         if repo is None:
             raise NeedsRepository(f"{task.instance_id}: the spec's requirements come from the repository; no local repository")
         requirements = requirements_from_repo(task, repo, paths)
-    apt: list[str] = []
-    constraints: list[str] = []
-    if packages == "environment.yml":
+    elif packages == "environment.yml":
         # SWE-bench: the conda env from the file, then `pip install <pip_packages>` over it. Here
         # the file's packages as pip requirements, installed under the spec's exact pip pins
         # (what the env ends with) so that nothing is resolved against versions replaced later.
