@@ -193,6 +193,12 @@ def env_dockerfile(recipe: Recipe, *, with_ca: bool) -> str:
         f"RUN python3 -c {shlex.quote(check)}",
         ("RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
          + " ".join(BUILD_PACKAGES) + " && rm -rf /var/lib/apt/lists/*"),
+    ]
+    if recipe.apt:
+        # Recommends too, as the specs' own `apt-get install -y` gets them (ghostscript with ImageMagick).
+        lines.append("RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                     + " ".join(shlex.quote(p) for p in recipe.apt) + " && rm -rf /var/lib/apt/lists/*")
+    lines += [
         # The sandbox user owns nothing in the image; git must still accept the copied repo.
         "RUN git config --system --add safe.directory '*'",
         f"RUN python3 -m venv {VENV} && {VENV}/bin/python -m pip install -q {shlex.quote(VENV_PIP)} {shlex.quote(VENV_WHEEL)}",

@@ -39,6 +39,17 @@ PINS: tuple[Pin, ...] = (
 )
 
 
+_XARRAY = ("0.12", "0.18", "0.19", "0.20", "2022.03", "2022.06", "2022.09", "2023.07", "2024.05")
+PINS += (
+    Pin("pydata/xarray", _XARRAY, "setuptools_scm<10",
+        "xarray's setup.cfg has `setup_requires = setuptools_scm` (unbounded), fetched at `pip install -e .`; "
+        "setuptools_scm 10 needs vcs-versioning, which needs packaging>=26.2, against the spec's packaging==23.1: "
+        "the install fails (seen: pydata__xarray-4248, `pip wheel ... packaging>=26.2` exit 1)",
+        "PyPI metadata: setuptools_scm 10.3.4 requires vcs-versioning>=2.5 (vcs-versioning 2.6.0: packaging>=26.2); "
+        "9.2.2 requires packaging>=20. SWE-bench's images (2024) predate setuptools_scm 10"),
+)
+
+
 def pins_for(repo: str, version: str) -> list[Pin]:
     return [p for p in PINS if p.repo in (repo, "*") and (p.versions is None or version in p.versions)]
 
@@ -72,3 +83,70 @@ SWAPS: tuple[Swap, ...] = (
 
 def swaps_for(repo: str, version: str, python: str) -> list[Swap]:
     return [s for s in SWAPS if s.repo == repo and version in s.versions and s.python == python]
+
+
+@dataclass(frozen=True)
+class PythonSwap:
+    """A spec's Python that no Debian release here ships (the images are Debian's Python):
+    the nearest one that does stands in."""
+
+    repo: str
+    versions: tuple[str, ...]
+    old: str
+    new: str
+    why: str
+    source: str
+
+
+PYTHON_SWAPS: tuple[PythonSwap, ...] = (
+    PythonSwap("pydata/xarray", _XARRAY, "3.10", "3.9",
+               "no Debian release ships Python 3.10 (bullseye has 3.9, bookworm 3.11); 3.9 rather than 3.11 because "
+               "every `pip_packages` pin of xarray 0.12 has a cp39 wheel (numpy 1.23.0 has no cp311 one) and the "
+               "2019-2020 code of 0.12 predates 3.11's removals",
+               "Debian: python3 3.9.2 in bullseye, 3.11.2 in bookworm; SWE-bench's conda env had 3.10; PyPI: numpy "
+               "1.23.2 is the first release with cp311 wheels"),
+)
+
+
+def python_swap_for(repo: str, version: str, python: str) -> PythonSwap | None:
+    return next((s for s in PYTHON_SWAPS if s.repo == repo and version in s.versions and s.old == python), None)
+
+
+@dataclass(frozen=True)
+class StepSwap:
+    """Spec build steps that cannot run here as written (they download from hosts other than
+    PyPI and Debian): the steps matching `drop` are removed, `apt` goes into the env image,
+    `add` runs in their place (before the install), `env` is set for the build and tests."""
+
+    repo: str
+    versions: tuple[str, ...]
+    drop: tuple[str, ...]  # regexes over pre_install commands
+    apt: tuple[str, ...]
+    add: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    why: str
+    source: str
+
+
+_MPL_CFG = "/opt/task/mplsetup.cfg"
+_MPL_APT = ("imagemagick", "ffmpeg", "texlive", "texlive-latex-extra", "texlive-fonts-recommended", "texlive-xetex",
+            "texlive-luatex", "cm-super", "dvipng")
+STEP_SWAPS: tuple[StepSwap, ...] = (
+    StepSwap("matplotlib/matplotlib", ("3.5", "3.6", "3.7", "3.8", "3.9"),
+             drop=(r"^apt-get .*install", r"QHULL", r"qhull"),
+             apt=(*_MPL_APT, "pkg-config", "libfreetype-dev", "libqhull-dev"),
+             add=(f"printf '[libs]\\nsystem_freetype = True\\nsystem_qhull = True\\n' > {_MPL_CFG}",),
+             env=(("MPLSETUPCFG", _MPL_CFG),),
+             why="the spec downloads Qhull from qhull.org (wget into build/, one shell variable per step), and "
+                 "matplotlib's build downloads FreeType 2.6.1; neither host is reachable here. Debian's FreeType and "
+                 "Qhull (2020.2, the release the spec fetches) are built against instead, through mplsetup.cfg "
+                 "(MPLSETUPCFG). The spec's apt packages (TeX Live, ffmpeg, ImageMagick) go into the env image, the "
+                 "same packages once per env rather than once per row. Image comparisons that depend on FreeType's "
+                 "rasterizing can differ from SWE-bench's (2.6.1)",
+             source="swebench 4.1 spec for matplotlib 3.5-3.9 (pre_install); matplotlib's setupext.py and "
+                    "mplsetup.cfg.template (system_freetype, system_qhull); Debian bookworm: libqhull-dev 2020.2"),
+)
+
+
+def step_swaps_for(repo: str, version: str) -> list[StepSwap]:
+    return [s for s in STEP_SWAPS if s.repo == repo and version in s.versions]

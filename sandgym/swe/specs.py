@@ -28,14 +28,14 @@ import json
 import os
 import posixpath
 import re
-import shlex
 import subprocess
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .pins import pins_for, swaps_for
+from .conda import CondaSpecError, conda_to_pip, environment_to_pip
+from .pins import pins_for, python_swap_for, step_swaps_for, swaps_for
 from .tasks import MissingRepository, Recipe, RecipeError, SWETask
 
 SWEBENCH_HINT = "pip install 'sandgym[swe]' (the swebench package, 4.x: its specs and log parsers)"
@@ -66,18 +66,20 @@ def swebench_constants() -> Any:
     return constants
 
 
-def conda_to_pip(packages: str) -> list[str]:
-    """A spec's conda `packages` string as pip requirements (`numpy=1.19` -> `numpy==1.19`)."""
-    out = []
-    for tok in shlex.split(packages):
-        m = re.fullmatch(r"([A-Za-z0-9_.\-\[\]]+)=([^=<>!~].*)", tok)
-        out.append(f"{m.group(1)}=={m.group(2)}" if m else tok)
-    return out
-
-
 def _git_show(repo: Path, commit: str, path: str) -> str | None:
     proc = subprocess.run(["git", "-C", str(repo), "show", f"{commit}:{path}"], capture_output=True, text=True)
     return proc.stdout if proc.returncode == 0 else None
+
+
+def _first_file(task: SWETask, repo: Path, paths: Iterable[str]) -> tuple[str, str]:
+    """(path, text) of the first of `paths` in the repository at `environment_setup_commit`."""
+    commit = task.environment_setup_commit or task.base_commit
+    paths = list(paths)
+    for path in paths:
+        text = _git_show(repo, commit, path)
+        if text is not None:
+            return path, text
+    raise RecipeError(f"{task.instance_id}: none of {paths} exists in {repo} at {commit[:12]}")
 
 
 def requirements_from_repo(task: SWETask, repo: Path, paths: Iterable[str]) -> str:
@@ -85,13 +87,7 @@ def requirements_from_repo(task: SWETask, repo: Path, paths: Iterable[str]) -> s
     repository at `environment_setup_commit` instead of GitHub (same paths, first found
     wins, `-r` includes inlined, `-e .`/comments/`.[test` lines dropped)."""
     commit = task.environment_setup_commit or task.base_commit
-    paths = list(paths)
-    for req_path in paths:
-        text = _git_show(repo, commit, req_path)
-        if text is not None:
-            break
-    else:
-        raise RecipeError(f"{task.instance_id}: none of {paths} exists in {repo} at {commit[:12]}")
+    req_path, text = _first_file(task, repo, paths)
 
     def excluded(line: str) -> bool:
         return any(line.strip().startswith(x) for x in ("-e .", "#", ".[test"))
@@ -112,6 +108,18 @@ def requirements_from_repo(task: SWETask, repo: Path, paths: Iterable[str]) -> s
     except ImportError:
         return text
     return clean_requirements(text)
+
+
+def environment_yml_from_repo(task: SWETask, repo: Path, paths: Iterable[str]) -> tuple[str, str]:
+    """(path, text) of the environment.yml SWE-bench's `get_environment_yml` fetches, read from
+    the local repository at `environment_setup_commit` (same paths, first found wins), cleaned
+    with swebench's own `clean_environment_yml` (packages yanked from PyPI)."""
+    path, text = _first_file(task, repo, paths)
+    try:
+        from swebench.harness.test_spec.python import clean_environment_yml
+    except ImportError:
+        return path, text
+    return path, clean_environment_yml(text)
 
 
 def recipe_from_spec(task: SWETask, repo: Path | None, *, env: bool = True) -> Recipe:
@@ -140,6 +148,14 @@ def recipe_from_spec(task: SWETask, repo: Path | None, *, env: bool = True) -> R
     source = f"swebench {swebench_version()} spec {task.repo} {task.version}"
     if not env:
         return Recipe(**tests, pip=(), source=f"{source} (tests only: the prebuilt image holds the env)")
+    notes: list[str] = []
+    py_swap = python_swap_for(task.repo, task.version, str(spec["python"]))
+    if py_swap is not None:
+        tests["python"] = py_swap.new
+        notes.append(f"Python {py_swap.old} -> {py_swap.new}: {py_swap.why} (source: {py_swap.source})")
+    env_vars = dict(spec.get("env", {}) or {})
+    apt: list[str] = []
+    constraints: list[str] = []
     pip: list[str] = []
     requirements = ""
     packages = spec.get("packages", "")
@@ -151,26 +167,43 @@ def recipe_from_spec(task: SWETask, repo: Path | None, *, env: bool = True) -> R
             raise NeedsRepository(f"{task.instance_id}: the spec's requirements come from the repository; no local repository")
         requirements = requirements_from_repo(task, repo, paths)
     elif packages == "environment.yml":
-        raise RecipeError(f"{task.instance_id}: the swebench spec for {task.repo} {task.version} is a conda "
-                          f"environment.yml, which a venv cannot reproduce; give the row a `recipe` or pass --recipes FILE")
+        # SWE-bench: the conda env from the file, then `pip install <pip_packages>` over it. Here
+        # the file's packages as pip requirements, installed under the spec's exact pip pins
+        # (what the env ends with) so that nothing is resolved against versions replaced later.
+        if repo is None:
+            raise NeedsRepository(f"{task.instance_id}: the spec's environment.yml comes from the repository; no local repository")
+        yml_path, text = environment_yml_from_repo(task, repo, c.MAP_REPO_TO_ENV_YML_PATHS.get(task.repo) or ["environment.yml"])
+        try:
+            conda_env = environment_to_pip(text, source=f"{task.repo} {yml_path}")
+        except CondaSpecError as exc:
+            raise RecipeError(f"{task.instance_id}: {exc}") from exc
+        requirements = "".join(r + "\n" for r in conda_env.requirements)
+        apt += conda_env.apt
+        notes += [f"{yml_path}: {n}" for n in conda_env.notes]
+        constraints += [p for p in spec.get("pip_packages", []) if re.fullmatch(r"[A-Za-z0-9_.\-\[\]]+==[^,;]+", p)]
     elif packages:
         pip += conda_to_pip(packages)
     pip += list(spec.get("pip_packages", []))
-    notes = []
-    for swap in swaps_for(task.repo, task.version, str(spec["python"])):
+    for swap in swaps_for(task.repo, task.version, str(tests["python"])):
         if swap.old in pip:
             pip = [swap.new if x == swap.old else x for x in pip]
             notes.append(f"{swap.old} -> {swap.new}: {swap.why} (source: {swap.source})")
     install = [c.MAP_REPO_TO_INSTALL[task.repo]] if c.MAP_REPO_TO_INSTALL.get(task.repo) else []
     if spec.get("install"):
         install.append(spec["install"])
-    constraints = []
     for pin in pins_for(task.repo, task.version):
         constraints.append(pin.requirement)
         notes.append(f"{pin.requirement}: {pin.why} (source: {pin.source})")
+    pre_install = list(spec.get("pre_install", []))
+    for step in step_swaps_for(task.repo, task.version):
+        dropped = [cmd for cmd in pre_install if any(re.search(d, cmd) for d in step.drop)]
+        pre_install = [*(cmd for cmd in pre_install if cmd not in dropped), *step.add]
+        apt += [p for p in step.apt if p not in apt]
+        env_vars.update(step.env)
+        notes.append(f"{len(dropped)} pre_install step(s) replaced: {step.why} (source: {step.source})")
     return Recipe(
-        **tests, pip=tuple(pip), requirements=requirements, constraints=tuple(constraints),
-        pre_install=tuple(spec.get("pre_install", [])), install=tuple(install), source=source, notes=tuple(notes),
+        **{**tests, "env": env_vars}, pip=tuple(pip), requirements=requirements, constraints=tuple(constraints), apt=tuple(apt),
+        pre_install=tuple(pre_install), install=tuple(install), source=source, notes=tuple(notes),
     )
 
 

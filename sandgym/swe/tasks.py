@@ -73,6 +73,8 @@ class Recipe(BaseModel):
     pip: tuple[str, ...] = ("pytest",)
     requirements: str = Field("", description="A requirements file's text, installed into the env.")
     constraints: tuple[str, ...] = Field((), description="pip constraints (pins) for every install of the build.")
+    apt: tuple[str, ...] = Field((), description="Debian packages the env image installs (a conda env's C libraries "
+                                                 "and programs, and a spec's apt steps).")
     pre_install: tuple[str, ...] = ()
     install: tuple[str, ...] = ()
     eval_commands: tuple[str, ...] = ()
@@ -86,7 +88,7 @@ class Recipe(BaseModel):
     source: str = Field("row", description="Where the recipe came from (row, a recipes file, a swebench spec).")
     notes: tuple[str, ...] = Field((), description="Pins and adjustments made to the source, each saying why.")
 
-    @field_validator("pip", "install", "pre_install", "eval_commands", "constraints", mode="before")
+    @field_validator("pip", "install", "pre_install", "eval_commands", "constraints", "apt", mode="before")
     @classmethod
     def _listify(cls, v: Any) -> Any:
         return (v,) if isinstance(v, str) else v
@@ -105,7 +107,8 @@ class Recipe(BaseModel):
     def env_hash_material(self) -> dict[str, Any]:
         """What decides the shared environment layer (not the repository's install steps)."""
         return {"python": self.python, "base_image": self.image(), "pip": list(self.pip),
-                "requirements": self.requirements, "constraints": list(self.constraints)}
+                "requirements": self.requirements, "constraints": list(self.constraints),
+                **({"apt": list(self.apt)} if self.apt else {})}  # only where set: other env images keep their hash
 
     def framework(self) -> str:
         if self.test_framework != "auto":

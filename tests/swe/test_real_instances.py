@@ -11,8 +11,9 @@ README's "Genuine SWE-bench rows" says how to get them:
     SANDGYM_SWE_BROKEN_ROWS=/path/broken.jsonl   optional: rows whose gold patch is made incomplete
     SANDGYM_SWE_MIN_REPOS=8                      how many repositories the rows must cover (default 8)
 
-Rows whose repository has no mirror, or whose spec this machine cannot build (a conda
-`environment.yml`, a Python no Debian release ships), are left out and named; the test
+Rows whose repository has no mirror, or whose spec gives no recipe here (a Python no Debian
+release ships and no swap names one; conda `environment.yml` specs, matplotlib's and xarray's,
+become pip installs: sandgym.swe.conda), are left out and named; the test
 skips, saying which is missing, when fewer than SANDGYM_SWE_MIN_REPOS repositories remain.
 Takes minutes per instance when cold.
 """

@@ -53,6 +53,9 @@ def test_requirements_come_from_the_local_repository(tmp_path: Path) -> None:
     lines = [x for x in r.requirements.splitlines() if x.strip()]
     assert lines == ["click>=7", "flake8", "types-setuptools", "pytest"]
     assert r.install == ("python -m pip install -e .",) and r.python == "3.9"
+    # The requirements file is the env's install; nothing of the `packages` field goes to pip.
+    assert r.pip == tuple(MAP_REPO_VERSION_TO_SPECS["sqlfluff/sqlfluff"]["0.8"].get("pip_packages", []))
+    assert r.apt == () and r.constraints == ()
     # No repository: the requirements cannot be read; the error says where it looked (as the build's does).
     with pytest.raises(MissingRepository, match=r"no local repository for .* looked in .*nothing \(from --mirrors\)"):
         RecipeResolver(mirrors=tmp_path / "nothing").resolve(t)
@@ -67,8 +70,6 @@ def test_rows_nothing_covers_fail_clearly() -> None:
     bad_version = r.resolve(_task("sympy/sympy", "0.0.1"))
     assert "no spec for sympy/sympy version '0.0.1'" in (bad_version.recipe_error or "")
     assert "1.1" in (bad_version.recipe_error or "")  # the known versions are listed
-    conda_only = r.resolve(_task("matplotlib/matplotlib", "3.5"))
-    assert "environment.yml" in (conda_only.recipe_error or "")
 
 
 def test_recipes_file_comes_first(tmp_path: Path) -> None:
