@@ -112,8 +112,10 @@ def eval_command(
 
     if sum(map(bool, (policy, model or base_url, checkpoint))) > 1:
         raise typer.BadParameter("give one of --policy, --model/--base-url or --checkpoint")
-    if resume is not None and (meta := read_meta(resume)) is not None:
-        # The run's own settings, for what this command does not say again.
+    meta = read_meta(resume) if resume is not None else None
+    if meta is not None and meta.get("env") in (None, env_name):
+        # The run's own settings, for what this command does not say again (another
+        # environment's run is refused below, by the same-run rule, naming both).
         kept = []
         if not (policy or model or base_url or checkpoint):
             policy, base_url, checkpoint = meta.get("policy"), meta.get("base_url"), meta.get("checkpoint")

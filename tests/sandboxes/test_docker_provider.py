@@ -590,11 +590,11 @@ async def test_image_without_python_falls_back_to_docker_exec(
     again = await _new(provider, fresh, image=nopython_image)
     assert isinstance(again.transport, DockerExecTransport)
     # The second went straight to docker exec: one container made of the image, not an
-    # execd attempt first (counted from the engine's events: other tests share the engine
-    # and its socket root, none this image).
+    # execd attempt first (counted from the engine's events, this module's label: other
+    # tests share the engine, its socket root and this image).
     events = provider.api.events(
         since=since, until=int(time.time()) + 1, decode=True,
-        filters={"type": "container", "event": "create", "image": nopython_image},
+        filters={"type": "container", "event": "create", "image": nopython_image, "label": f"sandgym.run={RUN}"},
     )  # fmt: skip
     assert [e["id"] for e in events if e["id"] != box.id] == [again.id]
     # Each has a socket directory holding only the owner's lifeline (no execd socket).
