@@ -39,6 +39,18 @@ def _docker_containers(*labels: str) -> list[str]:
     return out.stdout.split()
 
 
+def left_after_deletes(state: Path) -> list[str]:
+    """Containers of the state still there a while after every delete (then removed)."""
+    for _ in range(120):
+        if not _docker_containers(f"platform.state={state.resolve()}"):
+            break
+        time.sleep(0.25)
+    leftover = _docker_containers(f"platform.state={state.resolve()}")
+    if leftover:
+        subprocess.run(["docker", "rm", "-f", *leftover], capture_output=True)
+    return leftover
+
+
 def serve_argv(port: int | None, *args: str) -> list[str]:
     where = ["--port", str(port)] if port is not None else []
     return [sys.executable, "-m", "sandgym", "serve", *where, "--provider", backend(), "--log-level", "warning", *args]

@@ -33,6 +33,7 @@ from .procs import (
     HostTarget,
     ServeProcess,
     _docker_containers,
+    left_after_deletes,
     no_python_image,
     wait_healthy,
 )
@@ -42,18 +43,6 @@ pytestmark = pytest.mark.anyio
 TOKEN = "matrix-" + uuid.uuid4().hex[:8]
 HOST = "host.sandgym.internal"
 LIVE_CMD = "while read l; do echo got:$l:$$; done"
-
-
-def _left_after_deletes(state: Path) -> list[str]:
-    """Containers of the state still there a while after every delete (then removed)."""
-    for _ in range(120):
-        if not _docker_containers(f"platform.state={state.resolve()}"):
-            break
-        time.sleep(0.25)
-    leftover = _docker_containers(f"platform.state={state.resolve()}")
-    if leftover:
-        subprocess.run(["docker", "rm", "-f", *leftover], capture_output=True)
-    return leftover
 
 
 def _expected(kind: str, target: HostTarget) -> str | None:
@@ -179,7 +168,7 @@ async def test_every_kind_survives_every_restart(
             assert await anyio.to_thread.run_sync(server.stop, signal.SIGTERM) == 0
         server.close()
         target.close()
-        leftover = await anyio.to_thread.run_sync(_left_after_deletes, state)
+        leftover = await anyio.to_thread.run_sync(left_after_deletes, state)
         assert leftover == [], "sandboxes left after their deletes"
 
 

@@ -36,8 +36,8 @@ from .conftest import IMAGE, need_docker_backend
 from .procs import (
     ActivatedServe,
     HostTarget,
-    _docker_containers,
     _free_port,
+    left_after_deletes,
     wait_healthy,
 )
 from .test_verifiers import FIXTURE, _stand_in
@@ -56,17 +56,6 @@ def _execs(url: str) -> int:
     r = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
     r.raise_for_status()
     return int(r.json()["execs"])
-
-
-def _cleanup(state: Path) -> list[str]:
-    for _ in range(120):
-        if not _docker_containers(f"platform.state={state.resolve()}"):
-            break
-        time.sleep(0.25)
-    leftover = _docker_containers(f"platform.state={state.resolve()}")
-    if leftover:
-        subprocess.run(["docker", "rm", "-f", *leftover], capture_output=True)
-    return leftover
 
 
 def test_sdk_does_not_notice_a_sigterm_restart_or_a_sighup_reexec(tmp_path: Path, isolated_home: str) -> None:
@@ -161,7 +150,7 @@ def test_sdk_does_not_notice_a_sigterm_restart_or_a_sighup_reexec(tmp_path: Path
         stop.set()
         server.close()
         target.close()
-        assert _cleanup(state) == [], "sandboxes left after their deletes"
+        assert left_after_deletes(state) == [], "sandboxes left after their deletes"
 
 
 def test_verifiers_bash_harness_does_not_notice_restarts(tmp_path: Path, isolated_home: str) -> None:
@@ -227,4 +216,4 @@ def test_verifiers_bash_harness_does_not_notice_restarts(tmp_path: Path, isolate
             if server.alive():
                 server.stop(signal.SIGTERM)
             server.close()
-            _cleanup(state)
+            left_after_deletes(state)
