@@ -23,7 +23,7 @@ from google.protobuf.message import Message
 from prime_sandboxes._proto.command_session import command_session_pb2 as pb
 
 from sandgym.sandboxes.base import Sandbox
-from sandgym.sandboxes.errors import SandboxError, SandboxFileNotFound, SandboxGoneError
+from sandgym.sandboxes.errors import SandboxError, SandboxFileNotFound, SandboxGoneError, SandboxInterruptedError
 
 from .connect import Codec, ConnectFault, UnsupportedMediaType, end_stream, envelope, iter_envelopes, parse_timeout_ms
 from .models import ReadFileOut, UploadOut
@@ -162,6 +162,9 @@ def build_router(service: Service) -> APIRouter:
             service.sandbox_died(rec, exc)
             gone = ConnectFault("not_found", str(exc))
             return _stream_error(codec, gone) if stream else _unary_error(gone)
+        except SandboxInterruptedError as exc:  # the sandbox lives on: a transient failure
+            cut = ConnectFault("unavailable", str(exc))
+            return _stream_error(codec, cut) if stream else _unary_error(cut)
         except Exception as exc:
             log.exception("gateway %s failed", method)
             internal = ConnectFault("internal", f"{type(exc).__name__}: {exc}")
@@ -196,6 +199,8 @@ def build_router(service: Service) -> APIRouter:
         except SandboxGoneError as exc:
             service.sandbox_died(rec, exc)
             return JSONResponse({"error": "sandbox_terminated", "message": str(exc)}, status_code=410)
+        except SandboxInterruptedError as exc:  # the sandbox lives on: try again
+            return JSONResponse({"error": "sandbox_interrupted", "message": str(exc)}, status_code=503)
         except SandboxError as exc:  # what write_file raises (base.Sandbox); anything else is a bug: 500
             return JSONResponse({"error": "upload_failed", "message": f"{type(exc).__name__}: {exc}"}, status_code=400)
         finally:
@@ -217,6 +222,8 @@ def build_router(service: Service) -> APIRouter:
         except SandboxGoneError as exc:
             service.sandbox_died(rec, exc)
             return JSONResponse({"error": "sandbox_terminated", "message": str(exc)}, status_code=410)
+        except SandboxInterruptedError as exc:  # the sandbox lives on: try again
+            return JSONResponse({"error": "sandbox_interrupted", "message": str(exc)}, status_code=503)
         except SandboxError as exc:  # what read_file raises (base.Sandbox); anything else is a bug: 500
             return JSONResponse({"error": "read_failed", "message": f"{type(exc).__name__}: {exc}"}, status_code=400)
         finally:
@@ -454,6 +461,9 @@ def _stream(
                     if on_gone is not None:
                         on_gone(rec, exc)
                     yield end_stream(ConnectFault("not_found", str(exc)))
+                    return
+                except SandboxInterruptedError as exc:  # the sandbox lives on: a transient failure
+                    yield end_stream(ConnectFault("unavailable", str(exc)))
                     return
                 except Exception as exc:
                     log.exception("command stream failed")

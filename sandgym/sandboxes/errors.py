@@ -26,6 +26,13 @@ class SandboxLostError(SandboxGoneError):
     an infrastructure failure, never the policy's; the work may be retried elsewhere."""
 
 
+class SandboxInterruptedError(SandboxError):
+    """A call was cut short by a fault inside the sandbox that the sandbox survived (its exec
+    daemon was killed and started again): the sandbox, its files and processes are intact;
+    whether the call took effect is unknown. An infrastructure failure, never the policy's;
+    retry what is idempotent."""
+
+
 class SandboxFileNotFound(SandboxError, FileNotFoundError):
     """A file read inside the sandbox named a path that does not exist."""
 

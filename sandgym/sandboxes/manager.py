@@ -42,6 +42,9 @@ from .spec import EgressPolicy, SandboxSpec
 log = logging.getLogger(__name__)
 
 ORPHAN_PASS_WAIT_S = 10.0  # how long close() lets an orphan-reaping pass under way finish
+# How long close() keeps retrying removals that failed (the engine restarting, say) before it
+# leaves them to the next process's host reaper.
+UNREMOVED_WAIT_S = 60.0
 
 
 class ManagedSandbox(Sandbox):
@@ -195,6 +198,8 @@ class SandboxManager:
         self._tg: TaskGroup | None = None
         self._closed = False
         self._recycling: set[str] = set()  # ids being destroyed in the background
+        # Sandboxes whose removal failed (id -> the error): retried on every reaper tick and at close.
+        self._unremoved: dict[str, str] = {}
         self._wakeup = anyio.Event()  # set (and replaced) when a slot or an idle sandbox frees up
         self.stats = {"created": 0, "destroyed": 0, "create_failures": 0, "pool_hits": 0, "reused": 0}
 
@@ -227,6 +232,12 @@ class SandboxManager:
                     tg.start_soon(self._destroy, sb)
             while self._recycling:  # background destroys still talking to the provider
                 await anyio.sleep(0.01)
+            with anyio.move_on_after(UNREMOVED_WAIT_S):
+                while await self._retry_removals():
+                    await anyio.sleep(1.0)
+            for sid, why in self._unremoved.items():
+                log.error("sandbox %s may be leaked: it could not be removed (%s); the host reaper of the next "
+                          "sandgym process removes it, or `sandgym sandbox prune`", sid, why)
             if self._orphan_scope is not None:  # stop reaping before the provider closes
                 # A short-lived process (`sandbox run`) still finishes its one pass.
                 with anyio.move_on_after(ORPHAN_PASS_WAIT_S):
@@ -433,7 +444,8 @@ class SandboxManager:
             try:
                 await self.provider.remove(sb.id)
             except Exception as exc2:
-                log.error("sandbox %s may be leaked (prune will remove it): %r", sb.id, exc2)
+                self._unremoved[sb.id] = repr(exc2)
+                log.warning("sandbox %s could not be removed (%r); trying again later", sb.id, exc2)
         finally:
             # Counted live until really gone, so the cap covers sandboxes being torn down.
             self._live.pop(sb.id, None)
@@ -567,8 +579,21 @@ class SandboxManager:
             await anyio.sleep(self.reap_interval_s)
             try:
                 await self.reap()
+                await self._retry_removals()
             except Exception as exc:  # the reaper must outlive a bad tick
                 log.warning("reaper tick failed: %r", exc)
+
+    async def _retry_removals(self) -> int:
+        """Try again to remove the sandboxes whose removal failed; how many are left."""
+        for sid in list(self._unremoved):
+            try:
+                await self.provider.remove(sid)
+            except Exception as exc:
+                self._unremoved[sid] = repr(exc)
+            else:
+                del self._unremoved[sid]
+                log.info("sandbox %s removed on a later try", sid)
+        return len(self._unremoved)
 
     async def _orphan_reaper(self) -> None:
         try:

@@ -54,7 +54,7 @@ def test_eval_sigkilled_then_pruned_and_resumed(tmp_path: Path) -> None:
     assert 3 <= len(before) < N * R, "the kill should land mid-run"
 
     # A create the engine was still serving when the driver died may finish (or fail and be
-    # auto-removed) a moment later: take the orphans once the list has settled.
+    # removed) a moment later: take the orphans once the list has settled.
     orphans = _containers_of_pid(proc.pid)
     for _ in range(20):
         time.sleep(0.25)

@@ -5,7 +5,8 @@
   SANDGYM_ORPHAN_GRACE_S, so only a reaper can end them): the next sandgym command on the
   host removes them all within 60 s, and leaves the sandboxes of a live owner alone;
 - with no sandgym process left on the host, a dead owner's sandbox stops by itself within
-  the bound its grace sets (grace + TEARDOWN_S), never before the grace is over, also when
+  the bound its grace sets (grace + TEARDOWN_S), never before the grace is over (the
+  container stops; the next reaper removes it), also when
   a forked child of the owner lives on; on docker both for execd images and for images
   without python3 (a `sh` watches the lifeline there);
 - `platform` sandboxes (`sandgym serve`'s) outlive their creating process: no lifeline
@@ -140,6 +141,18 @@ def _sandboxes(provider: str, root: str | None, **labels: str) -> list[str]:
         finally:
             client.close()
     return [i.id for i in LocalProvider(root)._list_sync(dict(labels))]
+
+
+def _running(provider: str, **labels: str) -> list[str]:
+    """Ids of the running docker containers with these labels."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        wanted = [f"{k}={v}" for k, v in labels.items()]
+        return [c["Id"] for c in client.api.containers(filters={"label": wanted})]
+    finally:
+        client.close()
 
 
 def _remove_all(provider: str, root: str | None, ids: list[str]) -> None:
@@ -359,8 +372,11 @@ def test_docker_sandbox_of_a_dead_owner_stops_itself(nopython_image: str) -> Non
         left = ids
         while left and time.monotonic() < deadline:
             time.sleep(0.1)
-            left = [i for i in ids if i in _sandboxes("docker", None, **mine)]
-        assert left == [], f"still there {GRACE_S + TEARDOWN_S}s after the owner died: {left}"
+            left = [i for i in ids if i in _running("docker", **mine)]
+        assert left == [], f"still running {GRACE_S + TEARDOWN_S}s after the owner died: {left}"
+        # Stopped, not removed: no reaper may touch another host's sandboxes, and the
+        # containers are not --rm (so that an engine restart cannot remove them).
+        assert sorted(_sandboxes("docker", None, **mine)) == sorted(ids)
         events = _docker_events(ids, killed_at)
         for cid in ids:
             actions = [a for a, _ in events[cid]]

@@ -25,6 +25,7 @@ from sandgym.sandboxes.execd import (
     SERVER_PATH,
     BatchJob,
     ExecdClient,
+    ExecdConnectionLost,
     ExecdLiveProcess,
     ExecdRequestError,
     ExecdTransport,
@@ -614,7 +615,9 @@ async def test_execd_in_hardened_container(container_sock) -> None:
     c = ExecdClient(sock)
     try:
         info = await c.wait_ready(60)
-        assert info["pid"] == 1 and info["uid"] == 1000  # main process, unprivileged
+        assert info["pid"] != 1 and info["uid"] == 1000  # init's child, unprivileged
+        init = await c.exec(["sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline"], timeout=20)
+        assert "/opt/sandgym-execd/server.py" in init.stdout  # execd's own init is PID 1
         assert info["cpus"] == 1  # batch parallelism follows the CPU quota, not the host
         r = await c.exec(["sh", "-c", "id -u; pwd; ls /sys/class/net"], timeout=20)
         assert r.exit_code == 0 and r.stdout.split() == ["1000", "/workspace", "lo"]  # network none
@@ -651,14 +654,15 @@ async def test_container_oom_timeout_and_zombies(container_sock) -> None:
         assert r.oom_killed and r.exit_code == 137 and not r.timed_out
         ok = await c.exec(["python3", "-c", "b = bytearray(1 << 20); print('fine')"], timeout=60)
         assert ok.stdout == "fine\n" and not ok.oom_killed
-        # commands, not execd (PID 1), are the OOM killer's first choice
-        adj = await c.exec("sleep 0.2; cat /proc/self/oom_score_adj /proc/1/oom_score_adj", timeout=20)
-        assert adj.stdout.split() == ["500", "0"]
+        # commands, then execd, and init (PID 1) last are the OOM killer's choices
+        adj = await c.exec("sleep 0.2; cat /proc/self/oom_score_adj /proc/$PPID/oom_score_adj /proc/1/oom_score_adj",
+                           timeout=20)
+        assert adj.stdout.split() == ["500", "100", "0"]
         r = await c.exec(["sh", "-c", "sleep 300 & sleep 300"], timeout=1)
         assert r.timed_out and r.exit_code == 124
         left = await c.exec(["sh", "-c", "ps -eo stat=,args= | grep -c '[s]leep 300' || true"], timeout=20)
         assert left.stdout.strip() == "0"
-        # orphans re-parented to execd (PID 1) are reaped once they exit
+        # orphans re-parented to init (PID 1) are reaped once they exit
         await c.exec(["sh", "-c", "(sleep 0.2 &) ; true"], timeout=20)
         await c.exec(["sleep", "1"], timeout=20)  # the orphan has exited by now
         for _ in range(100):
@@ -669,6 +673,67 @@ async def test_container_oom_timeout_and_zombies(container_sock) -> None:
         assert z.stdout.strip() == ""
     finally:
         await c.aclose()
+
+
+@pytest.mark.docker
+async def test_init_starts_a_killed_execd_again() -> None:
+    """execd as PID 1 is the container's init: a SIGKILL of the serving execd, from inside
+    the sandbox with a request in flight or from the host, costs that request (a typed
+    error), not the sandbox: init starts execd again on the same socket, files and
+    background processes stay, pooled connections are renewed. Code inside cannot signal
+    init away (SIGKILL is not delivered to a namespace's init, SIGTERM from inside is
+    ignored); a SIGTERM from outside (docker stop) ends it at once, exit 0."""
+    engine = _engine()
+    host_dir = _socket_dir()
+    ctr = engine.containers.run(
+        IMAGE, execd_command(ttl_s=600), detach=True, network_mode="none", read_only=True, tmpfs=TMPFS,
+        user="1000", cap_drop=["ALL"], security_opt=["no-new-privileges"], mem_limit="128m", memswap_limit="128m",
+        pids_limit=256, volumes=execd_volumes(host_dir), labels={"sandgym.owner": "test-execd"},
+    )  # fmt: skip
+    c = ExecdClient(host_dir / "execd.sock")
+    try:
+        first = (await c.wait_ready(60))["pid"]
+        await c.write_file("/workspace/acked.txt", b"acked")
+        await c.exec(["sh", "-c", "sleep 601 >/dev/null 2>&1 &"], timeout=20)
+        # from inside, with that very request in flight
+        with pytest.raises(ExecdConnectionLost):
+            await c.exec(["sh", "-c", f"kill -9 {first}; sleep 30"], timeout=60)
+        second = (await c.wait_ready(30))["pid"]
+        assert second not in (first, 1)
+        assert await c.read_file("/workspace/acked.txt") == b"acked"
+        ps = await c.exec(["ps", "-eo", "args="], timeout=20)
+        assert "sleep 601" in ps.stdout, ps.stdout  # a background process of before the kill
+        # signals from inside do not reach init
+        for sig in ("KILL", "TERM", "INT"):
+            r = await c.exec(["sh", "-c", f"kill -{sig} 1; echo sent $?"], timeout=20)
+            assert r.stdout.startswith("sent"), r
+        await anyio.sleep(0.5)
+        assert (await c.ping())["pid"] == second
+        ctr.reload()
+        assert ctr.status == "running"
+        # from the host, as the OOM killer would, with idle pooled connections left behind
+        top = engine.api.top(ctr.id, ps_args="-o pid,ppid,args")["Processes"]
+        host_init = next(int(p[0]) for p in top if "server.py" in p[2] and not any(q[0] == p[1] for q in top))
+        host_execd = next(int(p[0]) for p in top if int(p[1]) == host_init and "server.py" in p[2])
+        os.kill(host_execd, signal.SIGKILL)
+        for _ in range(100):
+            try:
+                if (await c.ping())["pid"] != second:
+                    break
+            except SandboxGoneError:
+                pass
+            await anyio.sleep(0.1)
+        assert (await c.exec(["cat", "/workspace/acked.txt"], timeout=20)).stdout == "acked"
+        logs = ctr.logs().decode()
+        assert logs.count("killed by signal 9; starting it again") == 2, logs
+        # docker stop: SIGTERM from outside ends execd and init with it, exit 0
+        ctr.stop(timeout=20)
+        ctr.reload()
+        assert ctr.attrs["State"]["ExitCode"] == 0, ctr.logs()
+    finally:
+        await c.aclose()
+        ctr.remove(force=True)
+        shutil.rmtree(host_dir, ignore_errors=True)
 
 
 @pytest.mark.docker

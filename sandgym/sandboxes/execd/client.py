@@ -11,12 +11,12 @@ docker provider's wiring):
 - execd's code: mount `EXECD_DIR` (this package's folder) read-only at
   `CONTAINER_EXECD_DIR` (/opt/sandgym-execd). Works with a read-only root, network none,
   cap_drop ALL, no-new-privileges.
-- Command (the container's main process, so the container dies with it; with
-  `auto_remove=True` the TTL then removes the container): `execd_command(ttl_s)` =
+- Command (the container's main process, with no docker-init: the container ends when
+  execd ends itself, at its TTL or when its owner is gone): `execd_command(ttl_s)` =
   `python3 -I -S /opt/sandgym-execd/server.py --socket /run/sandgym/execd.sock --ttl <ttl_s>`.
-  Under an init (docker's `init=True`) zombies are reaped and SIGTERM forwarded; without
-  one execd, as PID 1, reaps them itself. The container's env and working directory
-  become every command's defaults.
+  As PID 1 execd is the container's init: it reaps orphans, holds the socket, and starts
+  the serving execd again when that is killed (server.py `init`). The container's env and
+  working directory become every command's defaults.
 - Owner lifeline (optional): a FIFO in the socket directory that only the owning process
   holds open for writing (`ownership.Lifeline.fifo`); `execd_command(ttl_s,
   owner_fifo=f"{CONTAINER_SOCKET_DIR}/{LIFELINE_NAME}", owner_grace_s=g)` makes execd end
@@ -32,9 +32,12 @@ docker provider's wiring):
   `ExecdLiveProcess(client, argv)` (live.py); finally
   `await client.aclose()`.
 
-Errors: a connection that cannot be made or breaks mid-request raises `SandboxGoneError`;
-no answer within the request's own timeout plus `grace_s` raises `ExecdUnresponsiveError`
-(a `SandboxGoneError`). Closing a connection mid-request (cancellation, deadline) makes
+Errors: a connection that cannot be made raises `SandboxGoneError`; one that breaks
+mid-request raises `ExecdConnectionLost` (a `SandboxGoneError`: execd died during it; when
+the container's init started execd again, the provider reports `ExecdRestartedError`); no
+answer within the request's own timeout plus `grace_s` raises `ExecdUnresponsiveError` (a
+`SandboxGoneError`); execd refusing a request it had no thread for raises
+`ExecdRequestError` with code `busy` (it did not run). Closing a connection mid-request (cancellation, deadline) makes
 execd kill that request's commands. Use a client from one event loop at a time (its pool
 is renewed when the loop changes).
 """
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import struct
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,7 +58,13 @@ import anyio.lowlevel
 from anyio.abc import SocketAttribute, SocketStream
 
 from ..base import Command, as_bytes, shell_argv
-from ..errors import SandboxCreateError, SandboxError, SandboxFileNotFound, SandboxGoneError
+from ..errors import (
+    SandboxCreateError,
+    SandboxError,
+    SandboxFileNotFound,
+    SandboxGoneError,
+    SandboxInterruptedError,
+)
 from ..result import ExecResult
 from . import framing
 
@@ -114,6 +124,18 @@ def execd_command(
 
 class ExecdUnresponsiveError(SandboxGoneError):
     """execd did not answer within the request's deadline (timeout + grace)."""
+
+
+class ExecdConnectionLost(SandboxGoneError):
+    """The connection broke while execd had the request: execd died during it (the sandbox
+    may be gone, or its init may have started execd again); whether the request took effect
+    is unknown, so it is never retried here."""
+
+
+class ExecdRestartedError(SandboxInterruptedError):
+    """execd was killed while it had this request and its init started it again: the
+    sandbox, its files and its other processes are intact; whether the request took effect
+    is unknown (a command it ran was killed). Safe to retry what is idempotent."""
 
 
 class ExecdRequestError(SandboxError):
@@ -228,7 +250,7 @@ class ExecdClient:
             for stale in self._idle:
                 stale.abandon()
             self._idle, self._loop = [], loop
-        conn = self._idle.pop() if self._idle else await self._connect()
+        conn = self._pooled() or await self._connect()
         reusable = False
         try:
             with anyio.fail_after(deadline_s):
@@ -245,7 +267,7 @@ class ExecdClient:
                 f"execd at {self.socket_path} gave no answer to {header.get('op')!r} in {deadline_s:.1f}s"
             ) from exc
         except BROKEN as exc:
-            raise SandboxGoneError(
+            raise ExecdConnectionLost(
                 f"execd at {self.socket_path} went away during {header.get('op')!r}: {exc!r}"
             ) from exc
         finally:
@@ -260,6 +282,21 @@ class ExecdClient:
                 raise SandboxFileNotFound(message)
             raise ExecdRequestError(code, message)
         return reply, rblobs
+
+    def _pooled(self) -> Connection | None:
+        """An idle connection whose execd is still there. An idle connection has nothing to
+        read, so a readable one has met end-of-file: its execd died (and was perhaps started
+        again, taking new connections); sending on it would fail a request that never ran."""
+        while self._idle:
+            conn = self._idle.pop()
+            try:
+                dead = bool(select.select([conn.stream.extra(SocketAttribute.raw_socket)], [], [], 0)[0])
+            except (OSError, ValueError, anyio.TypedAttributeLookupError):
+                dead = True
+            if not dead and not conn.buf:
+                return conn
+            conn.abandon()
+        return None
 
     async def connect(self) -> Connection:
         """A connection of its own, outside the pool (a live process holds one for its

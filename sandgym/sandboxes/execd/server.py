@@ -32,9 +32,12 @@ execd removes itself after --ttl seconds and on SIGTERM/SIGINT, killing what it 
 and --owner-grace seconds after its owner's lifeline (--owner-fifo, a FIFO whose only
 writer is the owning process on the host) reads end-of-file: the owner died (see
 sandgym/sandboxes/ownership.py).
-As PID 1 it also reaps orphaned zombies. The socket is made world-connectable (0777)
-because execd runs unprivileged in the container while the host side connects as
-another user; the directory it lives in must be writable by execd's uid.
+As the container's PID 1 (no docker-init) it splits in two (`init`): init holds the listening
+socket, reaps orphans and starts the serving execd again when it is killed (from inside the
+sandbox, by the OOM killer or from the host), so such a kill costs the requests in flight,
+not the sandbox. The socket is made world-connectable (0777) because execd runs unprivileged
+in the container while the host side connects as another user; the directory it lives in
+must be writable by execd's uid when it starts (it is bound once, by init).
 """
 
 from __future__ import annotations
@@ -88,8 +91,7 @@ class _Stop(BaseException):
 
 
 class Registry:
-    """Process groups we started (to kill on exit) and the lock that makes spawning and
-    PID-1 zombie reaping agree on which children are ours."""
+    """Process groups we started (to kill on exit), under a lock."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -102,28 +104,6 @@ class Registry:
             pids = list(self.pids)
         for pid in pids:
             _killpg(pid)
-
-    def reap_orphans(self) -> None:
-        """waitpid() zombies that are our children but not commands we track: orphans
-        re-parented to us as PID 1. Tracked children are left to their Popen."""
-        me = os.getpid()
-        with self.lock:
-            for name in os.listdir("/proc"):
-                if not name.isdigit():
-                    continue
-                pid = int(name)
-                if pid in self.pids:
-                    continue
-                try:
-                    with open("/proc/%d/stat" % pid, "rb") as f:
-                        fields = f.read().rsplit(b")", 1)[1].split()
-                except (OSError, IndexError):
-                    continue
-                if fields[0] == b"Z" and int(fields[1]) == me:
-                    try:
-                        os.waitpid(pid, os.WNOHANG)
-                    except ChildProcessError:
-                        pass
 
 
 REGISTRY = Registry()
@@ -175,12 +155,13 @@ def _killpg(pgid: int) -> None:
         pass
 
 
-def _prefer_for_oom(pid: int) -> None:
-    """Make the OOM killer pick a command before execd (which holds buffered output
-    and, as PID 1, takes the container with it). Raising a score needs no privilege."""
+def _prefer_for_oom(pid: int, score: int = 500) -> None:
+    """Make the OOM killer pick a command before execd (which holds buffered output), and
+    execd before init (which takes the container with it). Raising a score needs no
+    privilege."""
     try:
         with open("/proc/%d/oom_score_adj" % pid, "w") as f:
-            f.write("500")
+            f.write(str(score))
     except OSError:
         pass
 
@@ -1004,7 +985,7 @@ def handle_batch(conn: socket.socket, h: Dict[str, Any], blobs: List[bytes]) -> 
     send_frame(conn, {"ok": True, "results": fields}, out_blobs)
 
 
-def handle(conn: socket.socket, h: Dict[str, Any], blobs: List[bytes], started: float, ttl: Optional[float]) -> None:
+def handle(conn: socket.socket, h: Dict[str, Any], blobs: List[bytes], deadline: Optional[float]) -> None:
     op = h.get("op")
     if op == "ping":
         send_frame(
@@ -1016,7 +997,7 @@ def handle(conn: socket.socket, h: Dict[str, Any], blobs: List[bytes], started: 
                 "uid": os.getuid(),
                 "python": sys.version.split()[0],
                 "cpus": _parallelism(),
-                "ttl_left_s": None if ttl is None else round(started + ttl - time.monotonic(), 3),
+                "ttl_left_s": None if deadline is None else round(deadline - time.monotonic(), 3),
             },
         )
     elif op == "exec":
@@ -1064,7 +1045,7 @@ def _path(h: Dict[str, Any]) -> str:
     return p
 
 
-def serve_connection(conn: socket.socket, started: float, ttl: Optional[float]) -> None:
+def serve_connection(conn: socket.socket, deadline: Optional[float]) -> None:
     rfile = conn.makefile("rb")
     try:
         while True:
@@ -1076,7 +1057,7 @@ def serve_connection(conn: socket.socket, started: float, ttl: Optional[float]) 
                 return
             header, blobs = frame
             try:
-                handle(conn, header, blobs, started, ttl)
+                handle(conn, header, blobs, deadline)
             except RequestError as exc:
                 send_frame(conn, {"ok": False, "error": {"code": exc.code, "message": str(exc)}})
             except (BrokenPipeError, ConnectionResetError):
@@ -1163,17 +1144,12 @@ def watch_owner(path: str, grace: float) -> None:
     signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
 
 
-def main(argv: Optional[List[str]] = None) -> None:
-    ap = argparse.ArgumentParser(description="sandgym execd: the in-sandbox exec daemon")
-    ap.add_argument("--socket", required=True, help="unix socket path to listen on")
-    ap.add_argument("--ttl", type=float, default=None, help="exit after this many seconds")
-    ap.add_argument("--egress-port", type=int, default=None, help="relay 127.0.0.1:PORT ...")
-    ap.add_argument("--egress-socket", default=None, help="... to this unix socket (egress_relay.py)")
-    ap.add_argument("--owner-fifo", default=None, help="exit once this FIFO has no writer left")
-    ap.add_argument("--owner-grace", type=float, default=0.0, help="... after this many seconds")
-    args = ap.parse_args(argv)
-    started = time.monotonic()
-    ttl = args.ttl if args.ttl and args.ttl > 0 else None
+def serve(
+    sock: socket.socket, ident: Tuple[int, int], args: argparse.Namespace, deadline: Optional[float], supervised: bool
+) -> None:
+    """Accept and serve connections until the TTL, SIGTERM/SIGINT or the owner's lifeline
+    ends execd; then kill what it started and exit 0. Supervised (a child of `init`), the
+    socket is init's: it stays in place for the next execd."""
 
     def stop(signum: int, frame: Any) -> None:
         raise _Stop()
@@ -1181,33 +1157,20 @@ def main(argv: Optional[List[str]] = None) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    reap = threading.Event()
-    if os.getpid() == 1:  # we are the container's init: orphans become our zombies
-        signal.signal(signal.SIGCHLD, lambda s, f: reap.set())
-
-        def reaper() -> None:
-            while True:
-                reap.wait(5.0)
-                reap.clear()
-                try:
-                    REGISTRY.reap_orphans()
-                except Exception:
-                    pass
-
-        threading.Thread(target=reaper, name="reaper", daemon=True).start()
+    if supervised:
+        _prefer_for_oom(os.getpid(), 100)  # an OOM kill takes this execd (init starts another), not init
 
     _not_dumpable()
     if args.egress_port and args.egress_socket:
         _start_egress_relay(args.egress_port, args.egress_socket)
-    sock, ident = _listen(args.socket)
     try:
         if args.owner_fifo:  # inside the try: its SIGTERM may come at once
             threading.Thread(
                 target=watch_owner, args=(args.owner_fifo, max(0.0, args.owner_grace)), name="owner", daemon=True
             ).start()
         while True:
-            if ttl is not None:
-                left = started + ttl - time.monotonic()
+            if deadline is not None:
+                left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 sock.settimeout(left)
@@ -1217,20 +1180,136 @@ def main(argv: Optional[List[str]] = None) -> None:
                 continue
             conn.setblocking(True)
             try:
-                threading.Thread(target=serve_connection, args=(conn, started, ttl), daemon=True).start()
+                threading.Thread(target=serve_connection, args=(conn, deadline), daemon=True).start()
             except RuntimeError:  # no thread to be had (the pids limit is full): refuse this one
-                conn.close()
+                _refuse(conn)
     except _Stop:
         pass
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        _unlink_if_ours(args.socket, ident)
-        sock.close()
+        if not supervised:
+            _unlink_if_ours(args.socket, ident)
+            sock.close()
         REGISTRY.kill_all()
     # Exit now: worker threads blocked on dead commands or dead clients need no goodbye.
     sys.stdout.flush()
     os._exit(0)
+
+
+def _refuse(conn: socket.socket) -> None:
+    """Answer a connection we cannot serve without reading its request, so the client
+    knows the request never ran (and may send it again)."""
+    try:
+        conn.settimeout(1.0)
+        send_frame(conn, {"ok": False, "error": {"code": "busy", "message": "execd has no thread to be had (is the pids limit reached?)"}})
+    except OSError:
+        pass
+    conn.close()
+
+
+# Restarts of a killed execd allowed within _RESTART_WINDOW_S before init gives up (a crash
+# loop, e.g. no memory left for python to start, ends the sandbox instead of spinning).
+_MAX_RESTARTS = 10
+_RESTART_WINDOW_S = 30.0
+_STOP_GRACE_S = 10.0  # after SIGTERM, how long execd gets to kill its commands and exit
+
+
+def _spawn_serve(sock: socket.socket, ident: Tuple[int, int], args: argparse.Namespace, deadline: Optional[float]) -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            serve(sock, ident, args, deadline, supervised=True)
+        finally:
+            os._exit(1)
+    return pid
+
+
+def init(args: argparse.Namespace, deadline: Optional[float]) -> None:
+    """execd as the container's PID 1 (no docker-init): hold the listening socket, run the
+    serving execd in a child, and start it again whenever it dies without having been told
+    to stop -- SIGKILLed from inside the sandbox, by the OOM killer or from the host -- so
+    the sandbox, its files and its other processes outlive the kill. Clients that connect
+    meanwhile wait in the socket's backlog. The kernel delivers no signal to a namespace's
+    init from inside it unless init handles it, so code in the sandbox cannot kill this
+    process; SIGTERM/SIGINT sent from inside are ignored too (a sender outside the container,
+    `docker stop`, has no pid in it). The child exiting 0 (TTL, owner gone, stop) ends the
+    container. Also reaps every orphan, as init must."""
+    signals = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    sock, ident = _listen(args.socket)
+    child: Optional[int] = None
+    start_at: Optional[float] = time.monotonic()  # when to start the serving execd (again)
+    starts: List[float] = []
+    stop_by: Optional[float] = None  # once stopping: when the child gets SIGKILL
+    code = 0
+    while True:
+        now = time.monotonic()
+        if child is None and stop_by is None and start_at is not None and now >= start_at:
+            starts = [t for t in starts if now - t < _RESTART_WINDOW_S] + [now]
+            if len(starts) > _MAX_RESTARTS + 1:
+                sys.stderr.write("sandgym-execd: execd started %d times in %.0fs; giving up\n" % (len(starts), _RESTART_WINDOW_S))
+                code = 1
+                break
+            try:
+                child, start_at = _spawn_serve(sock, ident, args, deadline), None
+            except OSError as exc:  # no pid to be had (the pids limit is full): shortly again
+                sys.stderr.write("sandgym-execd: cannot start execd: %s\n" % exc)
+                start_at = now + 0.5
+        wake = [t for t in (stop_by, start_at) if t is not None]
+        info: Optional[signal.struct_siginfo]
+        if wake:
+            info = signal.sigtimedwait(signals, max(0.01, min(wake) - now))
+        else:
+            info = signal.sigwaitinfo(signals)
+        if stop_by is not None and time.monotonic() >= stop_by and child is not None:
+            os.kill(child, signal.SIGKILL)
+        if info is not None and info.si_signo in (signal.SIGTERM, signal.SIGINT):
+            if info.si_pid != 0:
+                sys.stderr.write("sandgym-execd: ignored signal %d from pid %d in the sandbox\n" % (info.si_signo, info.si_pid))
+            elif stop_by is None:
+                stop_by = time.monotonic() + _STOP_GRACE_S
+                if child is not None:
+                    os.kill(child, signal.SIGTERM)
+        while True:  # reap: the child, and orphans handed to init
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            if pid != child:
+                continue
+            child = None
+            if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+                stop_by = stop_by or time.monotonic()  # it ended itself: TTL, owner gone, stop
+            elif stop_by is None:
+                how = ("killed by signal %d" % os.WTERMSIG(status)) if os.WIFSIGNALED(status) else (
+                    "exited with code %d" % os.WEXITSTATUS(status))
+                sys.stderr.write("sandgym-execd: execd (pid %d) %s; starting it again\n" % (pid, how))
+                start_at = time.monotonic()
+        if stop_by is not None and child is None:
+            break
+    _unlink_if_ours(args.socket, ident)
+    sys.stderr.flush()
+    os._exit(code)  # as init: the kernel kills whatever is left in the container
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description="sandgym execd: the in-sandbox exec daemon")
+    ap.add_argument("--socket", required=True, help="unix socket path to listen on")
+    ap.add_argument("--ttl", type=float, default=None, help="exit after this many seconds")
+    ap.add_argument("--egress-port", type=int, default=None, help="relay 127.0.0.1:PORT ...")
+    ap.add_argument("--egress-socket", default=None, help="... to this unix socket (egress_relay.py)")
+    ap.add_argument("--owner-fifo", default=None, help="exit once this FIFO has no writer left")
+    ap.add_argument("--owner-grace", type=float, default=0.0, help="... after this many seconds")
+    args = ap.parse_args(argv)
+    deadline = time.monotonic() + args.ttl if args.ttl and args.ttl > 0 else None
+    if os.getpid() == 1:
+        init(args, deadline)
+    sock, ident = _listen(args.socket)
+    serve(sock, ident, args, deadline, supervised=False)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 """Why a container stopped, from the engine's event stream.
 
-Containers are auto-removed when they end, so `inspect` afterwards finds nothing; and under
-gVisor an OOM kills the whole sandbox at once. The engine's events are the one record that
+The watcher removes a container this provider made or adopted as soon as it ends (what
+`--rm` would do; sandgym does not use `--rm`, which Docker before 24.0.8 honours by removing
+running containers when the engine restarts, moby/moby#46308), so `inspect` afterwards finds
+nothing; and under gVisor an OOM kills the whole sandbox at once. The engine's events are the one record that
 survives: `oom` and `die` (exitCode 137), in either order, is OOM_KILLED. A `die` after the sandbox's ttl_s is
 TIMEOUT; a `die` we caused (remove) is not an error; a kill by anyone else (exit 137 with no
-oom: docker kill/rm, or execd, the main process, killed from the host or from inside) is REMOVED; any other `die` is EXITED with its exit code. One daemon thread per
+oom: docker kill/rm, or execd's init, the main process, killed from the host, or from inside
+a gVisor sandbox) is REMOVED; any other `die` is EXITED with its exit code. One daemon thread per
 provider follows the stream from the first create on, and subscribes again when it ends
 (the engine restarted) until the provider closes; verdicts are kept for the last
 MAX_VERDICTS containers.
@@ -35,8 +38,8 @@ RESUBSCRIBE_S = (0.2, 5.0)  # first and largest wait between attempts to subscri
 OOM_GRACE_S = 1.0
 _OOM_MSG = "the sandbox ran out of memory (memory_mb) and was killed"
 _ENGINE_RESTART_MSG = (
-    "removed by the Docker engine as it restarted: Docker before 24.0.8 removes --rm containers, sandgym's, "
-    "when it restarts, even with live-restore (moby/moby#46308)"
+    "killed while the Docker engine restarted (an engine without live-restore stops its containers; "
+    "scripts/bootstrap.sh turns live-restore on)"
 )
 
 
@@ -51,8 +54,12 @@ class Verdict:
 class ExitWatcher:
     """Follows container events of sandgym's containers in a daemon thread."""
 
-    def __init__(self, make_client: Callable[[], docker.APIClient]) -> None:
+    def __init__(
+        self, make_client: Callable[[], docker.APIClient], on_end: Callable[[str], None] | None = None
+    ) -> None:
         self._make_client = make_client
+        self._on_end = on_end  # called (in its own thread) when a container of ours ends
+        self._own: set[str] = set()  # made or adopted by this provider, not detached
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._verdicts: OrderedDict[str, Verdict] = OrderedDict()
@@ -149,13 +156,18 @@ class ExitWatcher:
                 verdict = Verdict("REMOVED", _ENGINE_RESTART_MSG, code, time.time())
             elif code == KILLED:
                 verdict = Verdict(
-                    "REMOVED", "its main process was SIGKILLed, not by sandgym (docker kill/rm, prune, or a kill of "
-                    "execd from the host or from inside the sandbox)", code, time.time(),
+                    "REMOVED", "its main process (execd's init) was SIGKILLed, not by sandgym (docker kill/rm, prune, a "
+                    "kill from the host, or from inside a gVisor sandbox, where code can signal init)", code, time.time(),
                 )
             else:
                 verdict = Verdict("EXITED", f"its main process exited with code {code}", code, time.time())
             self._oom.discard(cid)
+            ours = cid in self._ours
             self._ours.discard(cid)
+            if cid in self._own:
+                self._own.discard(cid)
+                if not ours and self._on_end is not None:
+                    threading.Thread(target=self._on_end, args=(cid,), name="sandgym-docker-rm", daemon=True).start()
             self._verdicts[cid] = verdict
             while len(self._verdicts) > MAX_VERDICTS:
                 self._verdicts.popitem(last=False)
@@ -164,9 +176,17 @@ class ExitWatcher:
     # -- what the provider tells us / asks ------------------------------------------------
 
     def expect(self, cid: str, ttl_s: float | None) -> None:
-        if ttl_s is not None:
-            with self._lock:
+        """`cid` is ours (made or adopted): remove it when it ends; `ttl_s` tells a TIMEOUT."""
+        with self._lock:
+            self._own.add(cid)
+            if ttl_s is not None:
                 self._deadlines[cid] = time.time() + ttl_s
+
+    def forget(self, cid: str) -> None:
+        """`cid` is left to another process (detached): no longer ours to remove."""
+        with self._lock:
+            self._own.discard(cid)
+            self._deadlines.pop(cid, None)
 
     def _in_gap(self, ev: dict[str, Any]) -> bool:
         """Whether the event happened while the stream was down: the engine restarting."""

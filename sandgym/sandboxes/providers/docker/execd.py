@@ -13,9 +13,12 @@ execd's uid and must not be able to replace the socket with one of its own.
 - a timeout (or a cancelled call) also kills processes that left the command's process group
   (setsid, daemons), found by the `SANDGYM_EXEC_ID` token in their environment, as the
   docker-exec transport does;
-- a refused connection while the container still runs (the pids limit is full, so execd
-  cannot start a thread for it) is retried briefly and then reported as a failed command
-  (exit 126), not as a vanished sandbox;
+- a request execd refused while the container still runs (the pids limit is full, so execd
+  cannot start a thread for it: it answers `busy` without reading the request) is retried
+  briefly and then reported as a failed command (exit 126), not as a vanished sandbox;
+- execd killed mid-request (from inside the sandbox, by the OOM killer, from the host) while
+  the container runs: its init starts it again, and the call raises `ExecdRestartedError`
+  (the sandbox lives on; the command's leftovers are killed), never a vanished sandbox;
 - `batch_exec` (many commands, one round trip) and `reset` (kill every process but init and
   execd, empty the workdir, /tmp and /dev/shm; execd's own op, a shell script for an older
   execd) for pooled reuse.
@@ -31,16 +34,19 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
 
-from ...errors import SandboxGoneError
+from ...errors import SandboxError, SandboxGoneError
 from ...execd import (
     CONTAINER_EXECD_DIR,
     CONTAINER_SOCKET_DIR,
     EXECD_DIR,
     BatchJob,
+    ExecdConnectionLost,
     ExecdRequestError,
+    ExecdRestartedError,
     ExecdTransport,
     ExecdUnresponsiveError,
 )
@@ -52,6 +58,8 @@ log = logging.getLogger(__name__)
 
 _RETRIES = 6
 _REFUSED_EXIT = 126
+_RESTART_WAIT_S = 15.0  # how long a killed execd may take to answer again (python's start, under load)
+T = TypeVar("T")
 
 # Kill everything but PID 1 (init), execd ($1) and this shell, a few passes in case some
 # fork meanwhile; then empty the writable places. Shell builtins only on the common path
@@ -169,19 +177,57 @@ class DockerExecdTransport(ExecdTransport):
         info = await self.client.wait_ready(timeout)
         self.execd_pid = int(info["pid"])
 
+    async def _survive(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """Run `fn`; when execd died during it while the container runs on, wait for init
+        to have started execd again and raise ExecdRestartedError (the sandbox is intact).
+        A dead container, or an execd that does not come back, raises the loss as it was."""
+        try:
+            return await fn()
+        except ExecdConnectionLost as exc:
+            if not await self._container_running():
+                raise
+            try:
+                info = await self.client.wait_ready(_RESTART_WAIT_S)
+            except SandboxError:
+                raise exc from None
+            if self.execd_pid is not None and int(info["pid"]) == self.execd_pid:
+                raise ExecdRestartedError(f"the connection to execd broke during {what}, execd still runs; "
+                                          f"whether {what} took effect is unknown: {exc}") from exc
+            self.execd_pid = int(info["pid"])
+            raise ExecdRestartedError(
+                f"the sandbox's execd was killed during {what} and its init started it again: the sandbox, its "
+                f"files and other processes are intact, but whether {what} took effect is unknown (a command "
+                "it ran was killed)"
+            ) from exc
+
     async def _call(self, fn: Callable[[], Awaitable[ExecResult]]) -> ExecResult | None:
-        """Run `fn`; None when execd kept refusing connections while the container ran."""
+        """Run `fn`; None when execd kept refusing the request while the container ran."""
         for attempt in range(_RETRIES):
             try:
-                return await fn()
-            except ExecdUnresponsiveError:
+                return await self._survive("exec", fn)
+            except ExecdRequestError as exc:
+                if exc.code != "busy":
+                    raise
+            except (ExecdUnresponsiveError, ExecdConnectionLost):
                 raise
-            except SandboxGoneError:
+            except SandboxGoneError:  # no connection to be had
                 if not await self._container_running():
                     raise
-                log.debug("execd refused a connection (attempt %d); container still runs", attempt)
-                await anyio.sleep(0.05 * 2**attempt)
+            log.debug("execd refused a request (attempt %d); container still runs", attempt)
+            await anyio.sleep(0.05 * 2**attempt)
         return None
+
+    async def write_file(self, path: str, data: bytes, mode: int) -> None:
+        await self._survive("write_file", lambda: self.client.write_file(path, data, mode))
+
+    async def read_file(self, path: str) -> bytes:
+        return await self._survive("read_file", lambda: self.client.read_file(path))
+
+    async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
+        await self._survive("put_archive", lambda: self.client.put_archive(dest_dir, tar_bytes))
+
+    async def get_archive(self, path: str) -> bytes:
+        return await self._survive("get_archive", lambda: self.client.get_archive(path))
 
     async def _sweep(self, tokens: Sequence[str]) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(15):
@@ -212,6 +258,9 @@ class DockerExecdTransport(ExecdTransport):
 
         try:
             res = await self._call(once)
+        except ExecdRestartedError:
+            await self._sweep([token])  # what it started may still run under init
+            raise
         except ExecdRequestError as exc:
             # execd took the request but failed it (e.g. no thread to be had under a
             # full pids limit); the command may have run, so no retry: report it as failed.
@@ -247,14 +296,18 @@ class DockerExecdTransport(ExecdTransport):
         try:
             for attempt in range(_RETRIES):
                 try:
-                    results = await self.client.batch_exec(tagged, parallel=parallel)
+                    results = await self._survive(
+                        "batch_exec", lambda: self.client.batch_exec(tagged, parallel=parallel))
                     break
-                except ExecdUnresponsiveError:
+                except ExecdRequestError as exc:
+                    if exc.code != "busy" or attempt == _RETRIES - 1:
+                        raise
+                except (ExecdUnresponsiveError, ExecdConnectionLost):
                     raise
                 except SandboxGoneError:
                     if attempt == _RETRIES - 1 or not await self._container_running():
                         raise
-                    await anyio.sleep(0.05 * 2**attempt)
+                await anyio.sleep(0.05 * 2**attempt)
         except BaseException:
             await self._sweep(tokens)
             raise
@@ -269,8 +322,10 @@ class DockerExecdTransport(ExecdTransport):
         adopted across an upgrade) runs the same steps as a shell script."""
         started = time.monotonic()
         try:
-            await self.client.reset([workdir, "/tmp", "/dev/shm"], workdir)
+            await self._survive("reset", lambda: self.client.reset([workdir, "/tmp", "/dev/shm"], workdir))
             return ExecResult(exit_code=0, duration_s=time.monotonic() - started)
+        except ExecdRestartedError as exc:  # not known to be clean: not for another user
+            return ExecResult(exit_code=1, stderr_bytes=str(exc).encode(), duration_s=time.monotonic() - started)
         except ExecdRequestError as exc:
             if exc.code != "bad_request" or "unknown op" not in str(exc):
                 return ExecResult(exit_code=1, stderr_bytes=str(exc).encode(), duration_s=time.monotonic() - started)

@@ -2,7 +2,8 @@
 
 Two profiles (SandboxSpec.profile); every container has no network interface but
 loopback, all capabilities dropped but a profile's few, no-new-privileges, memory = swap
-limit, a CPU quota, and is auto-removed when its main process ends.
+limit, a CPU quota, and is removed once its main process ends (by the provider that made it
+or, when that process is gone, by the next host reaper: sandboxes/ownership.py).
 
 - strict (default, for scoring untrusted code): a non-root user (uid 1000 unless the spec
   names one), a read-only root, the workdir and /tmp on a per-sandbox ext4 disk of disk_mb
@@ -489,7 +490,7 @@ class DockerProvider:
         self._limiter: anyio.CapacityLimiter | None = None
         self.puller = Puller(lambda: self.api, pull_progress,
                              build=(lambda image: build_missing(image, self.client)) if build_images else None)
-        self._watcher = ExitWatcher(self._events_client)
+        self._watcher = ExitWatcher(self._events_client, self._ended)
         self._egress_lock = threading.Lock()
         self._proxy: EgressProxy | None = None
         self._forwarder: EgressForwarder | None = None
@@ -697,7 +698,9 @@ class DockerProvider:
         ttl = "infinity" if spec.ttl_s is None else str(math.ceil(spec.ttl_s))
         egress = spec.egress is not None and execd
         host: dict[str, Any] = dict(
-            auto_remove=True,
+            # No auto_remove: Docker before 24.0.8 removes --rm containers when it restarts,
+            # live-restore or not (moby/moby#46308). The provider's event watcher removes its
+            # containers when they end; the host reaper, those of a dead owner.
             network_mode="none",  # egress, when allowed, goes through execd's relay
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
@@ -705,7 +708,9 @@ class DockerProvider:
             memswap_limit=spec.memory_mb * _MIB,  # equal: no swap beyond memory
             nano_cpus=int(spec.cpu * 1e9),
             read_only=not plan.writable_root,
-            init=bool(self._engine_info().get("InitBinary")) or None,
+            # execd is its own init (it starts its serving half again when that is killed);
+            # docker-init stands in for `sh` and `sleep`, reaping their orphans.
+            init=None if execd else (bool(self._engine_info().get("InitBinary")) or None),
         )
         if plan.runtime:
             host["runtime"] = plan.runtime
@@ -749,8 +754,7 @@ class DockerProvider:
                 env.update(ca_env())
         if execd and socket_dir is not None:
             binds.update(execd_volumes(socket_dir))  # socket dir rw, execd's code ro
-            # execd ends itself after ttl_s (or once its owner is gone), then the container
-            # removes itself.
+            # execd ends itself after ttl_s (or once its owner is gone), and the container with it.
             main = execd_command(
                 spec.ttl_s,
                 egress=egress,
@@ -761,7 +765,7 @@ class DockerProvider:
             binds[str(socket_dir)] = {"bind": CONTAINER_SOCKET_DIR, "mode": "ro"}
             main = ["/bin/sh", "-c", _WATCH_SH, "sandgym-main", fifo, str(math.ceil(grace)), ttl]
         else:
-            main = ["sleep", ttl]  # lives ttl_s, then the container removes itself
+            main = ["sleep", ttl]  # lives ttl_s
         if binds:
             host["binds"] = binds
         create: dict[str, Any] = dict(
@@ -856,7 +860,7 @@ class DockerProvider:
             if cid is not None:
                 self._watcher.removing(cid)
                 try:
-                    self._remove_container(cid)  # never started, so auto_remove will not fire
+                    self._remove_container(cid)
                 except Exception as exc:
                     log.warning("removing half-made container %s failed: %r", cid[:12], exc)
             self._release(box)
@@ -974,7 +978,7 @@ class DockerProvider:
         raise SandboxCreateError(f"execd in {cid[:12]} not ready after {EXECD_READY_TIMEOUT_S}s")
 
     async def _note_execd_failure(self, spec: SandboxSpec, transport: Transport) -> None:
-        """execd's container ended at start (auto-removed, exit code lost). Ask the
+        """execd's container ended at start (removed, exit code lost). Ask the
         fallback sandbox whether the image has python3: if not, remember that for the image
         so later sandboxes go straight to docker exec; otherwise it was this sandbox's
         trouble (e.g. too little memory for execd)."""
@@ -1069,8 +1073,8 @@ class DockerProvider:
                                exit_code=st.get("ExitCode"))
         why = "gone, and the engine's events did not say why"
         if box is not None and self._watcher.engine_went_away_since(box.created_at):
-            why = ("gone after the Docker engine went away and came back (a restart): Docker before 24.0.8 "
-                   "removes --rm containers, sandgym's, when it restarts, even with live-restore (moby/moby#46308)")
+            why = ("gone after the Docker engine went away and came back (a restart; an engine without "
+                   "live-restore stops its containers, and scripts/bootstrap.sh turns live-restore on)")
         return SandboxInfo(id=cid, provider=self.name, status="gone", error_type="LOST", error_message=why)
 
     async def adopt(self, container_id: str, spec: SandboxSpec) -> DockerSandbox:
@@ -1118,9 +1122,18 @@ class DockerProvider:
         self._boxes[cid] = box
         return cid, box
 
+    def _ended(self, container_id: str) -> None:
+        """One of our containers ended by itself (TTL, owner gone, OOM, a kill): remove it, as
+        `--rm` would; its host-side resources go when the sandbox is closed."""
+        try:
+            self._remove_container(container_id)
+        except Exception as exc:  # the next `remove` or reaper tries again
+            log.warning("removing ended container %s failed: %r", container_id[:12], exc)
+
     def _forget_blocking(self, container_id: str) -> None:
         """Stop tracking a container we no longer own (detached): it keeps running, with its
         disk and socket dir, for whoever adopts it next; only its egress lease goes."""
+        self._watcher.forget(container_id)
         box = self._boxes.pop(container_id, None)
         if box is not None:
             try:
@@ -1183,8 +1196,8 @@ class DockerProvider:
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as e:
-            # auto_remove, or another sandgym process's reaper, may already be removing it;
-            # that ends the same way, once it has ended: "removed" means gone.
+            # our event watcher, or another sandgym process's reaper, may already be removing
+            # it; that ends the same way, once it has ended: "removed" means gone.
             if e.status_code != 409:
                 raise
             deadline = time.monotonic() + _REMOVAL_WAIT_S
@@ -1218,7 +1231,7 @@ class DockerProvider:
         if proxy is not None:
             await self._run(proxy.stop)
             shutil.rmtree(proxy.dir, ignore_errors=True)
-        self._watcher = ExitWatcher(self._events_client)  # usable again after aclose
+        self._watcher = ExitWatcher(self._events_client, self._ended)  # usable again after aclose
         if self._client is not None:
             self._client.close()
             self._client = None
