@@ -27,8 +27,9 @@ The contract, by owner kind:
      holder). The kernel closes the owner's end when the owner dies, so the watcher sees
      end-of-file at once and, `sandgym.orphan_grace_s` seconds later (default 0,
      `SANDGYM_ORPHAN_GRACE_S` or `SandboxManager(orphan_grace_s=...)`), ends the sandbox's
-     main process: the container stops and removes itself; the local namespace dies with
-     all its processes (its directory waits for the next reaper). Nothing is renewed, so a
+     main process: the container stops (its disk is released; the stopped container waits
+     for the next reaper, as it is not `--rm`: docker/events.py says why); the local
+     namespace dies with all its processes (its directory waits for the next reaper). Nothing is renewed, so a
      late renewal cannot kill a live owner's sandbox: a suspended laptop, an overloaded
      machine, a stopped (SIGSTOP) or debugged owner, a blocked event loop all keep the
      sandbox, and no exec pays anything for it. The end is held only by the owner: it is

@@ -16,7 +16,7 @@ Layout, one directory per sandbox, named like its container (`sandgym-<16 hex>`)
         w/                       the workdir of a read-only root (a bind mount)
 
 The runtime wrapper (runtime/sandgym-runtime.sh) unmounts and deletes all of it when the
-container is deleted (auto-removal too); `discard` and `sweep` do the same from here, so a
+runtime deletes the container's task (its main process has ended, removed or not); `discard` and `sweep` do the same from here, so a
 crash of either side leaves nothing behind for long.
 """
 

@@ -806,7 +806,7 @@ class DockerProvider:
             self._execd_images[image_id] = False
             if spec.egress is not None:
                 raise SandboxCreateError(
-                    f"egress: image {spec.image!r} has no python3, so it cannot run execd, whose relay "
+                    f"egress: image {spec.image!r} cannot run execd (no python3 in it), whose relay "
                     "carries egress; use an image with python3 or egress=None"
                 ) from None
             return self._create_start(spec, labels, plan, execd=False)

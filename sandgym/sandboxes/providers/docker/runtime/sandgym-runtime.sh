@@ -14,7 +14,7 @@
 #   disk/upper/   present for a writable root: on `create` an overlay (lower = Docker's
 #                 root file system, upper = disk/upper) is mounted at root/ and the OCI
 #                 bundle's root is pointed at it, so every write lands on the quota'd disk
-# On `delete` (the container is gone, including auto-removal) the overlay and the disk are
+# On `delete` (the container's main process has ended) the overlay and the disk are
 # unmounted and the disk image deleted: nothing is left behind even when sandgym died.
 ROOT=/var/lib/sandgym/sandboxes
 case "${0##*/}" in
