@@ -18,7 +18,6 @@ of `sandgym train` reads.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import random
@@ -35,7 +34,8 @@ from sandgym.train.batch import MicroBatch, Sequence, pack
 from sandgym.train.checkpoints import write_checkpoint
 from sandgym.train.config import RunConfig, Strict
 from sandgym.train.folder import CONFIG, METRICS
-from sandgym.train.logprobs import packed_logprobs, pick_head_kernel
+from sandgym.train.logprobs import pick_head_kernel
+from sandgym.train.policy import LogprobModel, autocast, autocast_dtype, lr_lambda, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,6 @@ class SFTTrainer:
     def __init__(self, cfg: SFTConfig, on_step: Callable[[dict[str, float]], None] | None = None) -> None:
         from sandgym.train.attention import pick_kernel, use_varlen
         from sandgym.train.config import TrainConfig
-        from sandgym.train.policy import autocast_dtype, lr_lambda, resolve_device
         from sandgym.train.trainer import load_model_and_tokenizer
         from sandgym.train.trajectory import record_to_sequence
 
@@ -148,6 +147,7 @@ class SFTTrainer:
         self.head_kernel = pick_head_kernel(self.device, cfg.model.logprob_kernel)
         use_varlen(self.model)
         self.amp = autocast_dtype(cfg.model, self.device)
+        self.lp_model = LogprobModel(self.model, self.kernel, cfg.model.logprob_chunk_size, self.head_kernel)
         self.sequences: list[Sequence] = [record_to_sequence(r, self.tokenizer) for r in records]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
@@ -167,20 +167,8 @@ class SFTTrainer:
         return out
 
     def _logprobs(self, mb: MicroBatch) -> torch.Tensor:
-        ctx = torch.autocast(self.device.type, dtype=self.amp) if self.amp is not None else contextlib.nullcontext()
-        with ctx:
-            lp, _ = packed_logprobs(
-                self.model,
-                mb.input_ids,
-                mb.position_ids,
-                mb.cu_seqlens,
-                mb.max_seqlen,
-                mb.targets,
-                kernel=self.kernel,
-                chunk_size=self.cfg.model.logprob_chunk_size,
-                head_kernel=self.head_kernel,
-                only=mb.mask > 0,
-            )
+        with autocast(self.device, self.amp):
+            lp, _ = self.lp_model(mb)
         return lp
 
     def train_step(self, seqs: list[Sequence]) -> dict[str, float]:
