@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 
 from sandgym.core.failures import ScoringTimeout
+from sandgym.core.marked import marked_json
 from sandgym.core.parsers import BoxedParser
 from sandgym.core.rubric import Rubric
 from sandgym.core.sandbox_env import PythonEnv
@@ -63,15 +64,8 @@ print(__MARK__ + _sg_json.dumps({"math_verify": _sg_version("math-verify")}))
 """.replace("__MARK__", repr(MARK))
 
 
-def _marked(stdout: str) -> Any:
-    for line in reversed(stdout.split("\n")):
-        if line.startswith(MARK):
-            return json.loads(line[len(MARK) :])
-    return None
-
-
 def _check_setup(reply: ReplReply) -> None:
-    if not reply.ok or _marked(reply.stdout) is None:
+    if not reply.ok or marked_json(reply.stdout, MARK) is None:
         raise RuntimeError(f"the math-verify checker did not start ({reply.status}): {reply.stderr[-1500:]}")
 
 
@@ -135,7 +129,7 @@ class MathPythonEnv(PythonEnv):
         if reply.status == "timeout":
             # math-verify's own limits (5 s) give up inside the cell: a cell past 60 s was starved.
             raise ScoringTimeout("math-verify did not answer in 60s: the machine was too loaded to check")
-        out = _marked(reply.stdout) if reply.ok else None
+        out = marked_json(reply.stdout, MARK) if reply.ok else None
         if out is None:
             # math-verify gave up (a timeout or a crash on this answer): not a correct answer.
             state.info["verify_error"] = (reply.stderr or reply.status)[-500:]
