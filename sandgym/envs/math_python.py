@@ -24,14 +24,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import anyio
-
 from sandgym.core.failures import ScoringTimeout
 from sandgym.core.marked import marked_json
 from sandgym.core.parsers import BoxedParser
 from sandgym.core.rubric import Rubric
 from sandgym.core.sandbox_env import PythonEnv
-from sandgym.core.sandbox_repl import ReplReply, ReplService
+from sandgym.core.sandbox_repl import ReplReply, ReplService, session_service
 from sandgym.core.state import Message, State
 from sandgym.core.tools import tool_call
 from sandgym.sandboxes.spec import SandboxSpec
@@ -103,19 +101,17 @@ class MathPythonEnv(PythonEnv):
         if manager is None:
             max_sandboxes += 1
         async with super().sandbox_session(provider, max_sandboxes=max_sandboxes, warm=warm, manager=manager) as mgr:
-            async with anyio.create_task_group() as tg:
-                self.verifier = ReplService(
+            verifier = session_service(
+                lambda tg: ReplService(
                     mgr, self.sandbox_spec, tg, setup_code=VERIFIER_SETUP, setup_timeout=300.0,
                     check_setup=_check_setup, name="mathverify",
-                )  # fmt: skip
-                await self.verifier.open()
+                )
+            )  # fmt: skip
+            async with verifier as self.verifier:
                 try:
                     yield mgr
                 finally:
-                    with anyio.CancelScope(shield=True):
-                        await self.verifier.close()
                     self.verifier = None
-                    tg.cancel_scope.cancel()
 
     async def correct(self, completion: list[Message], answer: str, state: State) -> float:
         boxed = self.parser.parse_answer(completion)
