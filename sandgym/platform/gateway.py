@@ -169,6 +169,14 @@ def build_router(service: Service) -> APIRouter:
 
     # ---- files -------------------------------------------------------------------------
 
+    def file_call_failed(rec: Record, exc: SandboxError, error: str) -> JSONResponse:
+        """A file call's failure as the answer: a sandbox that is gone is 410 (and its record
+        learns that it died); anything else the sandbox could not do is 400 `error`."""
+        if isinstance(exc, SandboxGoneError):
+            service.sandbox_died(rec, exc)
+            return JSONResponse({"error": "sandbox_terminated", "message": str(exc)}, status_code=410)
+        return JSONResponse({"error": error, "message": f"{type(exc).__name__}: {exc}"}, status_code=400)
+
     @router.post(
         "/upload",
         response_model=UploadOut,
@@ -193,11 +201,8 @@ def build_router(service: Service) -> APIRouter:
         rec.active_ops += 1
         try:
             await sb.write_file(path, data)
-        except SandboxGoneError as exc:
-            service.sandbox_died(rec, exc)
-            return JSONResponse({"error": "sandbox_terminated", "message": str(exc)}, status_code=410)
         except SandboxError as exc:  # what write_file raises (base.Sandbox); anything else is a bug: 500
-            return JSONResponse({"error": "upload_failed", "message": f"{type(exc).__name__}: {exc}"}, status_code=400)
+            return file_call_failed(rec, exc, "upload_failed")
         finally:
             rec.active_ops -= 1
         rec.log(f"upload {path} ({len(data)} bytes)")
@@ -214,11 +219,8 @@ def build_router(service: Service) -> APIRouter:
             return await sb.read_file(path)
         except SandboxFileNotFound:
             return JSONResponse({"error": "file_not_found", "message": f"File not found: {path}"}, status_code=404)
-        except SandboxGoneError as exc:
-            service.sandbox_died(rec, exc)
-            return JSONResponse({"error": "sandbox_terminated", "message": str(exc)}, status_code=410)
         except SandboxError as exc:  # what read_file raises (base.Sandbox); anything else is a bug: 500
-            return JSONResponse({"error": "read_failed", "message": f"{type(exc).__name__}: {exc}"}, status_code=400)
+            return file_call_failed(rec, exc, "read_failed")
         finally:
             rec.active_ops -= 1
 
