@@ -28,22 +28,20 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sandgym.core.evaluation import record_of
 from sandgym.core.state import State, Turn, TurnTokens
+from sandgym.uvicorn_thread import UvicornThread
 from sandgym.view.app import create_app
 
 
@@ -93,14 +91,9 @@ def baseline(path: Path) -> float:
 
 class Server:
     def __init__(self, root: Path) -> None:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(create_app([root]), log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
+        self.server = UvicornThread(create_app([root]), name="sandgym-view")
+        self.server.start()
+        self.url = f"http://127.0.0.1:{self.server.port}"
         self.http = httpx.Client(base_url=self.url, timeout=600)
 
     def get(self, path: str, **params: Any) -> tuple[float, dict[str, Any], int]:
@@ -112,8 +105,7 @@ class Server:
 
     def close(self) -> None:
         self.http.close()
-        self.server.should_exit = True
-        self.thread.join(10)
+        self.server.stop()
 
 
 def until_indexed(srv: Server, run: str, want: int, t0: float) -> float:

@@ -13,6 +13,7 @@ ROOT = Path(sandgym.__file__).parent
 FLOORS = {
     "errors": 1,
     "run_folder": 1,
+    "uvicorn_thread": 1,
     "sandboxes": 2,
     "platform": 3,
     "core": 4,

@@ -24,15 +24,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from sandgym.core.marked import marked_json
+
 MARK = "@@sandgym-bfcl@@ "
 
 
 def parse_marked(stdout: str) -> Any:
     """The JSON after the last MARK line, or None when there is none."""
-    for line in reversed(stdout.split("\n")):
-        if line.startswith(MARK):
-            return json.loads(line[len(MARK) :])
-    return None
+    return marked_json(stdout, MARK)
 
 
 def _literal(obj: Any) -> str:

@@ -4,19 +4,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
+
+from sandgym.cli.train_config import OutputOpt, SetOpt, StepsOpt, VerboseOpt
 
 
 def register(app: typer.Typer) -> None:
     @app.command("sft")
     def sft(
         config: Path = typer.Argument(..., exists=True, dir_okay=False, help="TOML SFT config"),
-        steps: Optional[int] = typer.Option(None, help="override optim.steps"),
-        output: Optional[Path] = typer.Option(None, help="override output.dir"),
-        set_: list[str] = typer.Option([], "--set", help="override any field: section.key=JSON value"),
-        verbose: bool = typer.Option(False, "-v", help="log at INFO; show the traceback of an error"),
+        steps: StepsOpt = None,
+        output: OutputOpt = None,
+        set_: SetOpt = None,
+        verbose: VerboseOpt = False,
     ) -> None:
         """Fine-tune a policy on `sandgym eval` records (results.jsonl): assistant tokens only."""
         from sandgym.cli.errors import show_tracebacks

@@ -12,6 +12,8 @@ from typing import Optional
 
 import typer
 
+from sandgym.cli.train_config import OutputOpt, SetOpt, StepsOpt, VerboseOpt
+
 
 def show_step(m: dict[str, float]) -> None:
     """One line per step (module level: spawned ranks receive it pickled)."""
@@ -34,12 +36,12 @@ def register(app: typer.Typer) -> None:
     @app.command("train")
     def train(
         config: Path = typer.Argument(..., exists=True, dir_okay=False, help="TOML training config"),
-        steps: Optional[int] = typer.Option(None, help="override optim.steps"),
-        output: Optional[Path] = typer.Option(None, help="override output.dir"),
-        set_: list[str] = typer.Option([], "--set", help="override any field: section.key=JSON value"),
+        steps: StepsOpt = None,
+        output: OutputOpt = None,
+        set_: SetOpt = None,
         no_resume: bool = typer.Option(False, "--no-resume", help="start fresh even if checkpoints exist"),
         nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="trainer processes on this machine (FSDP2); overrides distributed.nproc"),
-        verbose: bool = typer.Option(False, "-v", help="log at INFO; show the traceback of an error"),
+        verbose: VerboseOpt = False,
     ) -> None:
         """Train a policy with GRPO on an environment (toy or a sandgym environment)."""
         from sandgym.cli.errors import show_tracebacks

@@ -1,6 +1,6 @@
-"""What `sandgym train` and `sandgym sft` share: logging through rich, and reading a TOML
-config with the command line's overrides (`--set section.key=VALUE`, `--steps`, `--output`),
-a bad config becoming one line that names the file."""
+"""What `sandgym train` and `sandgym sft` share: their config options, logging through rich,
+and reading a TOML config with the command line's overrides (`--set section.key=VALUE`,
+`--steps`, `--output`), a bad config becoming one line that names the file."""
 
 from __future__ import annotations
 
@@ -8,13 +8,19 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Optional, TypeVar
 
+import typer
 from rich.console import Console
 
 from sandgym.errors import UserError
 
 C = TypeVar("C")
+
+StepsOpt = Annotated[Optional[int], typer.Option(help="override optim.steps")]
+OutputOpt = Annotated[Optional[Path], typer.Option(help="override output.dir")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override any field: section.key=JSON value")]
+VerboseOpt = Annotated[bool, typer.Option("-v", help="log at INFO; show the traceback of an error")]
 
 
 def rich_logging(verbose: bool) -> Console:
@@ -26,11 +32,11 @@ def rich_logging(verbose: bool) -> Console:
     return console
 
 
-def overrides(sets: Sequence[str], *, steps: int | None = None, output: Path | None = None) -> dict[str, Any]:
+def overrides(sets: Sequence[str] | None, *, steps: int | None = None, output: Path | None = None) -> dict[str, Any]:
     """`--set section.key=VALUE` (VALUE read as JSON, else taken as a string), then `--steps`
     and `--output`, as `{"section.key": value}`."""
     out: dict[str, Any] = {}
-    for item in sets:
+    for item in sets or ():
         key, _, raw = item.partition("=")
         try:
             out[key] = json.loads(raw)

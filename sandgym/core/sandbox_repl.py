@@ -10,9 +10,10 @@ answer many requests (a scorer). The server's exec lives in a task group the cal
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -158,3 +159,27 @@ class ReplService:
         if self.sandbox is not None:
             await self.manager.release(self.sandbox)
             self.sandbox = None
+
+
+class Openable(Protocol):
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+
+
+S = TypeVar("S", bound=Openable)
+
+
+@asynccontextmanager
+async def session_service(make: Callable[[TaskGroup], S]) -> AsyncIterator[S]:
+    """A service (a ReplService, or one built on it) open for the block: made by `make` with
+    a task group of its own for its processes, opened, and at the end closed (shielded: a
+    cancelled session still gives its sandbox back) before that group is cancelled."""
+    async with anyio.create_task_group() as tg:
+        service = make(tg)
+        await service.open()
+        try:
+            yield service
+        finally:
+            with anyio.CancelScope(shield=True):
+                await service.close()
+            tg.cancel_scope.cancel()

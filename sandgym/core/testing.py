@@ -20,7 +20,6 @@ Failure modes: an HTTP status (e.g. 500), a delay (to trip client timeouts), mal
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 import uuid
@@ -31,6 +30,8 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
+
+from sandgym.uvicorn_thread import UvicornThread
 
 
 class Reply(BaseModel):
@@ -115,8 +116,7 @@ class MockOpenAIServer:
         self.default = default or Reply(content="ok")
         self.model = model
         self.requests: list[dict[str, Any]] = []
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._http: UvicornThread | None = None
         self.port = 0
 
     @property
@@ -240,28 +240,14 @@ class MockOpenAIServer:
         return app
 
     def start(self, port: int = 0) -> MockOpenAIServer:
-        import uvicorn
-
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", port))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app(), log_level="warning", access_log=False, lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self._thread.start()
-        deadline = time.time() + 20
-        while not self._server.started:
-            if time.time() > deadline or not self._thread.is_alive():
-                raise RuntimeError("mock OpenAI server did not start")
-            time.sleep(0.01)
+        self._http = UvicornThread(self.app(), port=port, name="mock-openai-server", access_log=False, lifespan="off")
+        self._http.start()
+        self.port = self._http.port
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        if self._http is not None:
+            self._http.stop()
 
     def __enter__(self) -> MockOpenAIServer:
         return self.start()

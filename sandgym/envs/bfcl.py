@@ -48,7 +48,7 @@ from sandgym.core.decorators import stop
 from sandgym.core.environment import MultiTurnEnv, SingleTurnEnv
 from sandgym.core.rubric import Rubric
 from sandgym.core.sandbox_env import SandboxEnv
-from sandgym.core.sandbox_repl import SandboxRepl
+from sandgym.core.sandbox_repl import SandboxRepl, session_service
 from sandgym.core.state import Message, State
 from sandgym.core.tools import tool_call
 from sandgym.sandboxes.spec import SandboxSpec
@@ -151,16 +151,11 @@ class BFCLSingleTurnEnv(_BFCLMixin, SingleTurnEnv):
         if manager is None:
             max_sandboxes = 1  # rollouts themselves need no sandbox (and none is warmed)
         async with super().sandbox_session(provider, max_sandboxes=max_sandboxes, warm=0, manager=manager) as mgr:
-            async with anyio.create_task_group() as tg:
-                self.scorer = SingleTurnScorer(mgr, self.sandbox_spec, tg)
-                await self.scorer.open()
+            async with session_service(lambda tg: SingleTurnScorer(mgr, self.sandbox_spec, tg)) as self.scorer:
                 try:
                     yield mgr
                 finally:
-                    with anyio.CancelScope(shield=True):
-                        await self.scorer.close()
                     self.scorer = None
-                    tg.cancel_scope.cancel()
 
     async def bfcl_valid(self, state: State) -> float:
         if self.scorer is None:

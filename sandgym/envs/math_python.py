@@ -24,13 +24,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import anyio
-
 from sandgym.core.failures import ScoringTimeout
+from sandgym.core.marked import marked_json
 from sandgym.core.parsers import BoxedParser
 from sandgym.core.rubric import Rubric
 from sandgym.core.sandbox_env import PythonEnv
-from sandgym.core.sandbox_repl import ReplReply, ReplService
+from sandgym.core.sandbox_repl import ReplReply, ReplService, session_service
 from sandgym.core.state import Message, State
 from sandgym.core.tools import tool_call
 from sandgym.sandboxes.spec import SandboxSpec
@@ -63,15 +62,8 @@ print(__MARK__ + _sg_json.dumps({"math_verify": _sg_version("math-verify")}))
 """.replace("__MARK__", repr(MARK))
 
 
-def _marked(stdout: str) -> Any:
-    for line in reversed(stdout.split("\n")):
-        if line.startswith(MARK):
-            return json.loads(line[len(MARK) :])
-    return None
-
-
 def _check_setup(reply: ReplReply) -> None:
-    if not reply.ok or _marked(reply.stdout) is None:
+    if not reply.ok or marked_json(reply.stdout, MARK) is None:
         raise RuntimeError(f"the math-verify checker did not start ({reply.status}): {reply.stderr[-1500:]}")
 
 
@@ -109,19 +101,17 @@ class MathPythonEnv(PythonEnv):
         if manager is None:
             max_sandboxes += 1
         async with super().sandbox_session(provider, max_sandboxes=max_sandboxes, warm=warm, manager=manager) as mgr:
-            async with anyio.create_task_group() as tg:
-                self.verifier = ReplService(
+            verifier = session_service(
+                lambda tg: ReplService(
                     mgr, self.sandbox_spec, tg, setup_code=VERIFIER_SETUP, setup_timeout=300.0,
                     check_setup=_check_setup, name="mathverify",
-                )  # fmt: skip
-                await self.verifier.open()
+                )
+            )  # fmt: skip
+            async with verifier as self.verifier:
                 try:
                     yield mgr
                 finally:
-                    with anyio.CancelScope(shield=True):
-                        await self.verifier.close()
                     self.verifier = None
-                    tg.cancel_scope.cancel()
 
     async def correct(self, completion: list[Message], answer: str, state: State) -> float:
         boxed = self.parser.parse_answer(completion)
@@ -135,7 +125,7 @@ class MathPythonEnv(PythonEnv):
         if reply.status == "timeout":
             # math-verify's own limits (5 s) give up inside the cell: a cell past 60 s was starved.
             raise ScoringTimeout("math-verify did not answer in 60s: the machine was too loaded to check")
-        out = _marked(reply.stdout) if reply.ok else None
+        out = marked_json(reply.stdout, MARK) if reply.ok else None
         if out is None:
             # math-verify gave up (a timeout or a crash on this answer): not a correct answer.
             state.info["verify_error"] = (reply.stderr or reply.status)[-500:]

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from sandgym.core.failures import ScoringTimeout
+from sandgym.core.marked import marked_json
 from sandgym.core.sandbox_env import checked_exec
 
 from .model import JudgeResult, Problem, TestResult
@@ -45,16 +46,15 @@ def time_budget(problem: Problem, wall_factor: float = 2.0) -> float:
 
 
 def parse_result(stdout: str, stderr: str, exit_code: int) -> JudgeResult:
-    for line in reversed(stdout.split("\n")):
-        if line.startswith(MARK):
-            doc = json.loads(line[len(MARK) :])
-            tests = [TestResult(**t) for t in doc["tests"]]
-            passed = sum(1 for t in tests if t.verdict == "AC")
-            first_bad = next((t.verdict for t in tests if t.verdict != "AC"), "AC")
-            return JudgeResult(
-                verdict=first_bad, passed=passed, total=len(tests), tests=tests,
-                compile_error=doc.get("compile_error") or "", wall_s=float(doc.get("wall_s") or 0.0),
-            )  # fmt: skip
+    doc = marked_json(stdout, MARK)
+    if doc is not None:
+        tests = [TestResult(**t) for t in doc["tests"]]
+        passed = sum(1 for t in tests if t.verdict == "AC")
+        first_bad = next((t.verdict for t in tests if t.verdict != "AC"), "AC")
+        return JudgeResult(
+            verdict=first_bad, passed=passed, total=len(tests), tests=tests,
+            compile_error=doc.get("compile_error") or "", wall_s=float(doc.get("wall_s") or 0.0),
+        )  # fmt: skip
     detail = (stderr or stdout)[-1500:] or f"exit {exit_code}"
     return JudgeResult(verdict="JE", passed=0, total=0, tests=[TestResult(verdict="JE", detail=detail)])
 

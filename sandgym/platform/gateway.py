@@ -172,6 +172,17 @@ def build_router(service: Service) -> APIRouter:
 
     # ---- files -------------------------------------------------------------------------
 
+    def file_call_failed(rec: Record, exc: SandboxError, error: str) -> JSONResponse:
+        """A file call's failure as the answer: a sandbox that is gone is 410 (and its record
+        learns that it died); one cut short by a fault the sandbox survived is 503; anything
+        else the sandbox could not do is 400 `error`."""
+        if isinstance(exc, SandboxGoneError):
+            service.sandbox_died(rec, exc)
+            return JSONResponse({"error": "sandbox_terminated", "message": str(exc)}, status_code=410)
+        if isinstance(exc, SandboxInterruptedError):  # the sandbox lives on: try again
+            return JSONResponse({"error": "sandbox_interrupted", "message": str(exc)}, status_code=503)
+        return JSONResponse({"error": error, "message": f"{type(exc).__name__}: {exc}"}, status_code=400)
+
     @router.post(
         "/upload",
         response_model=UploadOut,
@@ -196,13 +207,8 @@ def build_router(service: Service) -> APIRouter:
         rec.active_ops += 1
         try:
             await sb.write_file(path, data)
-        except SandboxGoneError as exc:
-            service.sandbox_died(rec, exc)
-            return JSONResponse({"error": "sandbox_terminated", "message": str(exc)}, status_code=410)
-        except SandboxInterruptedError as exc:  # the sandbox lives on: try again
-            return JSONResponse({"error": "sandbox_interrupted", "message": str(exc)}, status_code=503)
         except SandboxError as exc:  # what write_file raises (base.Sandbox); anything else is a bug: 500
-            return JSONResponse({"error": "upload_failed", "message": f"{type(exc).__name__}: {exc}"}, status_code=400)
+            return file_call_failed(rec, exc, "upload_failed")
         finally:
             rec.active_ops -= 1
         rec.log(f"upload {path} ({len(data)} bytes)")
@@ -219,13 +225,8 @@ def build_router(service: Service) -> APIRouter:
             return await sb.read_file(path)
         except SandboxFileNotFound:
             return JSONResponse({"error": "file_not_found", "message": f"File not found: {path}"}, status_code=404)
-        except SandboxGoneError as exc:
-            service.sandbox_died(rec, exc)
-            return JSONResponse({"error": "sandbox_terminated", "message": str(exc)}, status_code=410)
-        except SandboxInterruptedError as exc:  # the sandbox lives on: try again
-            return JSONResponse({"error": "sandbox_interrupted", "message": str(exc)}, status_code=503)
         except SandboxError as exc:  # what read_file raises (base.Sandbox); anything else is a bug: 500
-            return JSONResponse({"error": "read_failed", "message": f"{type(exc).__name__}: {exc}"}, status_code=400)
+            return file_call_failed(rec, exc, "read_failed")
         finally:
             rec.active_ops -= 1
 

@@ -10,19 +10,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import secrets
 import tempfile
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-import uvicorn
-
 from sandgym.sandboxes.base import Provider
+from sandgym.uvicorn_thread import UvicornThread
 
 from .app import create_app
 from .service import ServerConfig, Service
@@ -34,19 +30,19 @@ class ServerThread:
     def __init__(self, config: ServerConfig, host: str = "127.0.0.1", port: int = 0) -> None:
         self.config = config
         self.app = create_app(config)
-        self._server = uvicorn.Server(
-            uvicorn.Config(self.app, host=host, port=port, log_level="warning", lifespan="on", timeout_keep_alive=30)
+        # asyncio's own loop (uvicorn would pick uvloop when installed): the one the platform
+        # tests have always run this server on.
+        self._http = UvicornThread(
+            self.app, host=host, port=port, name="sandgym-serve", loop="asyncio", lifespan="on", timeout_keep_alive=30
         )
-        self._thread = threading.Thread(target=self._run, name="sandgym-serve", daemon=True)
-        self._error: BaseException | None = None
-        self.host = host
-        self.port = port
 
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._server.serve())
-        except BaseException as exc:  # surfaced by start()
-            self._error = exc
+    @property
+    def host(self) -> str:
+        return self._http.host
+
+    @property
+    def port(self) -> int:
+        return self._http.port
 
     @property
     def url(self) -> str:
@@ -57,21 +53,11 @@ class ServerThread:
         return self.app.state.service
 
     def start(self, timeout: float = 30.0) -> ServerThread:
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if self._error is not None or not self._thread.is_alive():
-                raise RuntimeError(f"server failed to start: {self._error!r}")
-            if time.monotonic() > deadline:
-                raise TimeoutError("server did not start")
-            time.sleep(0.02)
-        sock = self._server.servers[0].sockets[0]
-        self.port = sock.getsockname()[1]
+        self._http.start(timeout)
         return self
 
     def stop(self, timeout: float = 60.0) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout)
+        self._http.stop(timeout)
 
 
 @contextlib.contextmanager

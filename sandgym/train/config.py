@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandgym.train.loss import ConfigError, LossConfig
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
+    """A config section: a key it does not know is refused."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class TinyModelConfig(_Strict):
+class TinyModelConfig(Strict):
     vocab_size: int = 264
     hidden_size: int = 64
     num_layers: int = 2
@@ -29,7 +31,7 @@ class TinyModelConfig(_Strict):
     intermediate_size: int = 128
 
 
-class ModelConfig(_Strict):
+class ModelConfig(Strict):
     # "tiny": a random Qwen2-shaped model with the built-in byte tokenizer (offline); else a
     # Hugging Face model folder (no downloads are attempted: local_files_only).
     name_or_path: str = "tiny"
@@ -55,7 +57,7 @@ class ModelConfig(_Strict):
     init_from: str | None = None
 
 
-class BackendConfig(_Strict):
+class BackendConfig(Strict):
     kind: Literal["auto", "hf", "vllm"] = "auto"  # auto: vllm when importable and on CUDA
     max_batch_size: int = Field(64, gt=0)
     # hf: serve the trainer's own weights (no copy). Unset: yes when that can work
@@ -84,7 +86,7 @@ class BackendConfig(_Strict):
         return data
 
 
-class ToyTaskConfig(_Strict):
+class ToyTaskConfig(Strict):
     """A learnable token-level task: reward = fraction of generated tokens inside
     [target_low, target_high] (byte ids; default lowercase ASCII letters, ~10% at random)."""
 
@@ -95,7 +97,7 @@ class ToyTaskConfig(_Strict):
     env_tokens: list[int] = Field(default_factory=lambda: [10, 62, 32])  # "\n> " between turns
 
 
-class EnvConfig(_Strict):
+class EnvConfig(Strict):
     kind: Literal["toy", "sandgym"] = "toy"
     toy: ToyTaskConfig = Field(default_factory=ToyTaskConfig)
     # kind = "sandgym": an environment loaded by name (sandgym.envs registry, or a module with load_environment(**args))
@@ -121,7 +123,7 @@ class EnvConfig(_Strict):
     on_prefix_mismatch: Literal["error", "skip", "split"] = "error"
 
 
-class RolloutConfig(_Strict):
+class RolloutConfig(Strict):
     prompts_per_step: int = Field(4, gt=0)  # groups per optimizer step
     group_size: int = Field(8, gt=1)
     max_tokens: int = Field(64, gt=0)
@@ -136,7 +138,7 @@ class RolloutConfig(_Strict):
     max_groups_factor: float = Field(3.0, ge=1.0)
 
 
-class OptimConfig(_Strict):
+class OptimConfig(Strict):
     steps: int = Field(20, gt=0)
     lr: float = 1e-5
     weight_decay: float = 0.0
@@ -161,7 +163,7 @@ class OptimConfig(_Strict):
     max_off_policy_steps: int = Field(2, ge=0)
 
 
-class DistributedConfig(_Strict):
+class DistributedConfig(Strict):
     # Trainer processes (FSDP2 data-parallel, parameters sharded). `sandgym train --nproc N`
     # or torchrun's WORLD_SIZE set it; rank 0 also runs the inference backend and rollouts.
     nproc: int = Field(1, gt=0)
@@ -170,7 +172,7 @@ class DistributedConfig(_Strict):
     timeout_s: float = Field(1800.0, gt=0)
 
 
-class OutputConfig(_Strict):
+class OutputConfig(Strict):
     dir: str = "runs/train"
     checkpoint_every: int = 0  # steps; 0 = only at the end
     keep_checkpoints: int = 2
@@ -182,8 +184,34 @@ class OutputConfig(_Strict):
     samples_per_step: int = Field(4, ge=0)
 
 
-class TrainConfig(_Strict):
+class _Output(Protocol):
+    dir: str
+
+
+class RunConfig(Strict):
+    """A run's whole config read from a TOML file (`sandgym train`, `sandgym sft`): relative
+    paths in it are relative to the file's folder."""
+
     model: ModelConfig = Field(default_factory=ModelConfig)
+    if TYPE_CHECKING:  # for the type checker only: each run config places its own output section
+        output: _Output
+
+    @classmethod
+    def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> Self:
+        p = Path(path)
+        cfg = cls.model_validate(load_toml(p, overrides))
+        cfg.resolve_paths(p.resolve().parent)
+        return cfg
+
+    def resolve_paths(self, base: Path) -> None:
+        """The output folder and the model's paths, made absolute against `base`; a run
+        config with paths of its own adds them."""
+        if not Path(self.output.dir).is_absolute():
+            self.output.dir = str((base / self.output.dir).resolve())
+        resolve_model_paths(self.model, base)
+
+
+class TrainConfig(RunConfig):
     backend: BackendConfig = Field(default_factory=BackendConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -244,16 +272,6 @@ class TrainConfig(_Strict):
         """backend.sleep_during_training as it applies to this run."""
         s = self.backend.sleep_during_training
         return self.optim.async_level == 0 if s is None else s
-
-    @classmethod
-    def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
-        p = Path(path)
-        cfg = cls.model_validate(load_toml(p, overrides))
-        base = p.resolve().parent
-        if not Path(cfg.output.dir).is_absolute():
-            cfg.output.dir = str((base / cfg.output.dir).resolve())
-        resolve_model_paths(cfg.model, base)
-        return cfg
 
 
 def load_toml(path: Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -56,6 +56,11 @@ def autocast_dtype(model_cfg: ModelConfig, device: torch.device) -> torch.dtype 
     return None
 
 
+def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager[Any]:
+    """Autocast to `dtype` (autocast_dtype's answer) on `device`; nothing when it is None."""
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
 class LogprobModel(torch.nn.Module):
     """A causal LM whose forward is: packed micro-batch -> (token logprobs, entropy or None)."""
 
@@ -192,13 +197,8 @@ class PolicyTrainer:
 
     # ---- step ----------------------------------------------------------------------------
 
-    def _amp(self) -> contextlib.AbstractContextManager[Any]:
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp_dtype)
-
     def _logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        with self._amp():
+        with autocast(self.device, self.amp_dtype):
             return model(mb)
 
     def local_micro_batches(self, seqs: list[Sequence]) -> list[MicroBatch]:

@@ -18,7 +18,6 @@ of `sandgym train` reads.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import random
@@ -28,23 +27,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from sandgym.errors import UserError
 from sandgym.train.batch import MicroBatch, Sequence, pack
 from sandgym.train.checkpoints import write_checkpoint
-from sandgym.train.config import ModelConfig, load_toml, resolve_model_paths
+from sandgym.train.config import RunConfig, Strict
 from sandgym.train.folder import CONFIG, METRICS
-from sandgym.train.logprobs import packed_logprobs, pick_head_kernel
+from sandgym.train.logprobs import pick_head_kernel
+from sandgym.train.policy import LogprobModel, autocast, autocast_dtype, lr_lambda, resolve_device
 
 log = logging.getLogger(__name__)
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SFTDataConfig(_Strict):
+class SFTDataConfig(Strict):
     # Record files (results.jsonl from `sandgym eval`), or run folders holding one.
     paths: list[str] = Field(min_length=1)
     min_reward: float = 1.0  # keep records that scored at least this (and did not fail)
@@ -56,7 +52,7 @@ class SFTDataConfig(_Strict):
         return [v] if isinstance(v, str) else v
 
 
-class SFTOptimConfig(_Strict):
+class SFTOptimConfig(Strict):
     steps: int = Field(100, gt=0)
     batch_size: int = Field(16, gt=0)  # sequences per optimizer step
     lr: float = Field(1e-4, gt=0)
@@ -69,27 +65,19 @@ class SFTOptimConfig(_Strict):
     seed: int = 0
 
 
-class SFTOutputConfig(_Strict):
+class SFTOutputConfig(Strict):
     dir: str = "runs/sft"
     keep_checkpoints: int = Field(1, gt=0)
 
 
-class SFTConfig(_Strict):
-    model: ModelConfig = Field(default_factory=ModelConfig)
+class SFTConfig(RunConfig):
     data: SFTDataConfig
     optim: SFTOptimConfig = Field(default_factory=SFTOptimConfig)
     output: SFTOutputConfig = Field(default_factory=SFTOutputConfig)
 
-    @classmethod
-    def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> SFTConfig:
-        p = Path(path)
-        cfg = cls.model_validate(load_toml(p, overrides))
-        base = p.resolve().parent
-        if not Path(cfg.output.dir).is_absolute():
-            cfg.output.dir = str((base / cfg.output.dir).resolve())
-        cfg.data.paths = [str(q if Path(q).is_absolute() else (base / q).resolve()) for q in cfg.data.paths]
-        resolve_model_paths(cfg.model, base)
-        return cfg
+    def resolve_paths(self, base: Path) -> None:
+        super().resolve_paths(base)
+        self.data.paths = [str(q if Path(q).is_absolute() else (base / q).resolve()) for q in self.data.paths]
 
 
 def read_records(cfg: SFTDataConfig) -> list[dict[str, Any]]:
@@ -139,7 +127,6 @@ class SFTTrainer:
     def __init__(self, cfg: SFTConfig, on_step: Callable[[dict[str, float]], None] | None = None) -> None:
         from sandgym.train.attention import pick_kernel, use_varlen
         from sandgym.train.config import TrainConfig
-        from sandgym.train.policy import autocast_dtype, lr_lambda, resolve_device
         from sandgym.train.trainer import load_model_and_tokenizer
         from sandgym.train.trajectory import record_to_sequence
 
@@ -160,6 +147,7 @@ class SFTTrainer:
         self.head_kernel = pick_head_kernel(self.device, cfg.model.logprob_kernel)
         use_varlen(self.model)
         self.amp = autocast_dtype(cfg.model, self.device)
+        self.lp_model = LogprobModel(self.model, self.kernel, cfg.model.logprob_chunk_size, self.head_kernel)
         self.sequences: list[Sequence] = [record_to_sequence(r, self.tokenizer) for r in records]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
@@ -179,20 +167,8 @@ class SFTTrainer:
         return out
 
     def _logprobs(self, mb: MicroBatch) -> torch.Tensor:
-        ctx = torch.autocast(self.device.type, dtype=self.amp) if self.amp is not None else contextlib.nullcontext()
-        with ctx:
-            lp, _ = packed_logprobs(
-                self.model,
-                mb.input_ids,
-                mb.position_ids,
-                mb.cu_seqlens,
-                mb.max_seqlen,
-                mb.targets,
-                kernel=self.kernel,
-                chunk_size=self.cfg.model.logprob_chunk_size,
-                head_kernel=self.head_kernel,
-                only=mb.mask > 0,
-            )
+        with autocast(self.device, self.amp):
+            lp, _ = self.lp_model(mb)
         return lp
 
     def train_step(self, seqs: list[Sequence]) -> dict[str, float]:

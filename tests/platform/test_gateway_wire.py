@@ -96,6 +96,20 @@ def test_connect_bad_input_is_not_a_500(server: ServerThread, sandbox: tuple[San
     assert r.status_code == 422 and "file" in r.text
 
 
+def test_file_call_the_sandbox_cannot_do_is_400_naming_the_call(server: ServerThread, sandbox: tuple[SandboxClient, str]) -> None:
+    auth = _auth(server, sandbox[1])
+    base = f"{auth['gateway_url']}/{auth['user_ns']}/{auth['job_id']}"
+    h = {"Authorization": f"Bearer {auth['token']}"}
+    sandbox[0].execute_command(sandbox[1], "mkdir -p /workspace/adir")
+    r = httpx.get(f"{base}/read-file", params={"path": "/workspace/adir"}, headers=h)
+    assert r.status_code == 400 and r.json()["error"] == "read_failed", r.text
+    r = httpx.get(f"{base}/download", params={"path": "/workspace/adir"}, headers=h)
+    assert r.status_code == 400 and r.json()["error"] == "read_failed", r.text
+    r = httpx.post(f"{base}/upload", params={"path": "/workspace/adir"}, files={"file": ("f", b"x")}, headers=h)
+    assert r.status_code == 400 and r.json()["error"] == "upload_failed", r.text
+    assert sandbox[0].execute_command(sandbox[1], "test -d /workspace/adir && echo dir").stdout == "dir\n"
+
+
 def test_rotated_gateway_token_is_recovered_by_the_sdk(server: ServerThread, sandbox: tuple[SandboxClient, str]) -> None:
     c, sid = sandbox
     assert c.execute_command(sid, "echo before").stdout == "before\n"  # caches a gateway token

@@ -24,7 +24,6 @@ import json
 import logging
 import queue
 import re
-import socket
 import threading
 import time
 import uuid
@@ -32,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sandgym.train.backends.base import GenRequest, GenResult, InferenceEngine
+from sandgym.uvicorn_thread import UvicornThread
 
 log = logging.getLogger(__name__)
 
@@ -329,42 +329,27 @@ class OpenAIServer:
         self.host = host
         self.port = port
         self._batcher: RequestBatcher | None = None
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._http: UvicornThread | None = None
 
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
     def start(self) -> None:
-        import uvicorn
-
         self._batcher = RequestBatcher(self.engine)
         try:
             app = build_app(self.engine, self.model_name, self._batcher)
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
-            self.port = sock.getsockname()[1]
-            config = uvicorn.Config(app, log_level="warning", lifespan="off")
-            self._server = uvicorn.Server(config)
-            self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name="sandgym-openai-server", daemon=True)
-            self._thread.start()
-            deadline = time.monotonic() + 30
-            while not self._server.started:
-                if not self._thread.is_alive() or time.monotonic() > deadline:
-                    raise RuntimeError("the OpenAI-compatible server did not start")
-                time.sleep(0.01)
+            self._http = UvicornThread(app, host=self.host, port=self.port, name="sandgym-openai-server", lifespan="off")
+            self._http.start()
+            self.port = self._http.port
         except BaseException:
             self.close()  # no batcher or server thread left behind
             raise
         log.info("serving %s at %s", self.model_name, self.base_url)
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        if self._http is not None:
+            self._http.stop()
         if self._batcher is not None:
             self._batcher.close()
-        self._server = self._thread = self._batcher = None
+        self._http = self._batcher = None

@@ -208,10 +208,7 @@ class NodeAgent:
         return await self.info()
 
     async def heartbeat(self, session_id: str) -> dict[str, Any]:
-        sess = self._sessions.get(session_id)
-        if sess is None:
-            raise SandboxGoneError(f"session {session_id} is unknown on node {self.name} (lease expired?)")
-        sess.last_seen = time.monotonic()
+        self._session(session_id)  # renews its lease, or says it is gone
         mgr = await self._started()
         return {"live": mgr.live, "waiting_creates": self.waiting_creates}
 
