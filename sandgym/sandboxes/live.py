@@ -28,13 +28,12 @@ import shlex
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 import anyio
 from pydantic import BaseModel
 
-if TYPE_CHECKING:
-    from .base import Sandbox
+from .result import ExecResult
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +87,25 @@ class LiveProcess(ABC):
         """Remove what the process left behind (not the process; signal it first)."""
 
 
+class Executes(Protocol):
+    """What a shell live process needs of its sandbox (`Sandbox.exec`; named here so that this
+    module needs nothing of base.py, which imports it)."""
+
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+    ) -> ExecResult: ...
+
+
 class ShellLiveProcess(LiveProcess):
     KIND = "shell"
 
-    def __init__(self, sandbox: Sandbox, argv: Sequence[str], handle: LiveHandle | None = None) -> None:
+    def __init__(self, sandbox: Executes, argv: Sequence[str], handle: LiveHandle | None = None) -> None:
         """A process to `start`, or (with `handle`) one started earlier to `attach` to."""
         self.sb = sandbox
         self.argv = list(argv)

@@ -196,7 +196,7 @@ async def test_a_failing_node_backs_off_and_creates_go_elsewhere(cluster: Any) -
     """A node whose provider cannot create (its socket root is unusable) fails the create;
     the fleet backs off from it and places the create, and the next, on a healthy node."""
     from sandgym.sandboxes.providers.ray import Fleet
-    from sandgym.sandboxes.providers.ray.fleet import stop_agents
+    from sandgym.sandboxes.providers.ray.cluster import stop_agents
 
     bad = f"t{os.getpid()}bad"
     good = cluster.names[0]

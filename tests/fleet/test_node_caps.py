@@ -81,7 +81,7 @@ async def test_a_node_warms_no_more_than_its_cores_run(cluster: Any) -> None:
     from sandgym.fleet import rollouts
     from sandgym.fleet.jobs import EnvSpec
     from sandgym.sandboxes.providers.ray import Fleet
-    from sandgym.sandboxes.providers.ray.fleet import stop_agents
+    from sandgym.sandboxes.providers.ray.cluster import stop_agents
 
     require("docker")
     env_spec = EnvSpec(name="humaneval", args={"num_examples": 4})

@@ -34,7 +34,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -358,8 +358,6 @@ class LocalCluster:
         if self._cluster is not None:
             import ray
 
-            from .fleet import stop_agents
-
             try:
                 connect(self.address)
                 stop_agents(self.running)
@@ -377,3 +375,31 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def agent_name(node: str) -> str:
+    return f"sandgym-node:{node}"
+
+
+def stop_agents(names: Iterable[str], timeout: float = 30.0) -> list[str]:
+    """Shut down the agents of these nodes (each destroys its sandboxes first), then end
+    their actors; returns the names whose agent was running. Needs a connected driver."""
+    import ray
+
+    handles = {}
+    for name in names:
+        try:
+            handles[name] = ray.get_actor(agent_name(name), namespace=NAMESPACE)
+        except ValueError:
+            continue
+    refs = [h.shutdown.remote() for h in handles.values()]
+    try:
+        ray.get(refs, timeout=timeout)
+    except Exception as exc:  # a dead node's agent cannot answer; the rest are done
+        log.warning("stopping agents: %r", exc)
+    for h in handles.values():
+        try:
+            ray.kill(h)
+        except Exception as exc:
+            log.debug("kill: %r", exc)
+    return sorted(handles)

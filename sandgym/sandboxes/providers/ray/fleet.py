@@ -9,7 +9,7 @@
   a sandbox is released, then proceeds. Creates are spaced by a token bucket
   (`create_rate`, `create_burst`); a node whose create fails backs off exponentially and
   the create is tried on another node (`create_attempts` in all).
-- Exec goes straight to the owning node's agent (`RaySandbox`, provider.py).
+- Exec goes straight to the owning node's agent (`RaySandbox`, sandbox.py).
 - Failure: a monitor polls Ray's node table every `monitor_interval_s`; a node that Ray
   reports dead, or whose agent died under a call, is *lost*: calls in flight to it end at
   once with `SandboxLostError` (a typed infrastructure error, classified "sandbox"), its
@@ -41,18 +41,15 @@ import anyio
 from ...errors import SandboxCreateError, SandboxError, SandboxGoneError, SandboxLostError, SpecError
 from ...result import SandboxInfo
 from ...spec import SandboxSpec
-from .cluster import NAMESPACE, NODE_RESOURCE_PREFIX, connect, node_name_of
+from .cluster import NAMESPACE, NODE_RESOURCE_PREFIX, agent_name, connect, node_name_of
 from .ratelimit import Backoff, TokenBucket
+from .sandbox import RaySandbox
 
 log = logging.getLogger(__name__)
 
 # Ray queues calls past an actor's max_concurrency without a word (default 1000 for async
 # actors). Agents get an explicit limit; drivers check their fan-in against it.
 AGENT_MAX_CONCURRENCY = 10_000
-
-
-def agent_name(node: str) -> str:
-    return f"sandgym-node:{node}"
 
 
 def agent_runtime_env() -> dict[str, Any]:
@@ -79,30 +76,6 @@ def agent_class() -> Any:
 
         _AGENT_CLASS = ray.remote(NodeAgent)
     return _AGENT_CLASS
-
-
-def stop_agents(names: Iterable[str], timeout: float = 30.0) -> list[str]:
-    """Shut down the agents of these nodes (each destroys its sandboxes first), then end
-    their actors; returns the names whose agent was running. Needs a connected driver."""
-    import ray
-
-    handles = {}
-    for name in names:
-        try:
-            handles[name] = ray.get_actor(agent_name(name), namespace=NAMESPACE)
-        except ValueError:
-            continue
-    refs = [h.shutdown.remote() for h in handles.values()]
-    try:
-        ray.get(refs, timeout=timeout)
-    except Exception as exc:  # a dead node's agent cannot answer; the rest are done
-        log.warning("stopping agents: %r", exc)
-    for h in handles.values():
-        try:
-            ray.kill(h)
-        except Exception as exc:
-            log.debug("kill: %r", exc)
-    return sorted(handles)
 
 
 @dataclass(eq=False)
@@ -465,8 +438,6 @@ class Fleet:
 
     async def create(self, spec: SandboxSpec, labels: Mapping[str, str]) -> Any:
         """A sandbox on the node with most room; see the module docstring."""
-        from .provider import RaySandbox
-
         tried: set[str] = set()
         last: BaseException | None = None
         for _ in range(self.create_attempts):
@@ -511,8 +482,6 @@ class Fleet:
         """A running sandbox made by an earlier client (a platform server before its
         restart), moved into this fleet's session on whichever node holds it.
         SandboxGoneError when no node does."""
-        from .provider import RaySandbox
-
         await self.start()
         for node in self.ready_nodes():
             try:
