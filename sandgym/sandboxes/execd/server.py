@@ -61,9 +61,11 @@ if TYPE_CHECKING:
     import tarfile
 
 if __package__:  # imported as sandgym.sandboxes.execd.server (host-side tests)
+    from .capped import CappedBuffer
     from .framing import FrameReader, recv_frame, send_frame
 else:  # run as a script in the sandbox; -I keeps this folder off sys.path (appended: stdlib first)
     sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+    from capped import CappedBuffer  # type: ignore[import-not-found, no-redef]
     from framing import FrameReader, recv_frame, send_frame  # type: ignore[import-not-found, no-redef]
 
 PROTOCOL = 1
@@ -191,30 +193,6 @@ def _oom_kill_counter() -> Optional[int]:
 
 
 
-class Capped:
-    __slots__ = ("limit", "chunks", "size", "truncated")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.chunks: List[bytes] = []
-        self.size = 0
-        self.truncated = False
-
-    def write(self, data: bytes) -> bytes:
-        """Keep what fits; return the kept part."""
-        room = self.limit - self.size
-        if len(data) > room:
-            self.truncated = True
-            data = data[: max(room, 0)]
-        if data:
-            self.chunks.append(data)
-            self.size += len(data)
-        return data
-
-    def value(self) -> bytes:
-        return b"".join(self.chunks)
-
-
 def _spawn_error(argv: List[str], exc: OSError, t0: float) -> Tuple[Dict[str, Any], bytes, bytes]:
     code = 127 if exc.errno == errno.ENOENT else 126
     msg = "sandgym-execd: cannot run %r: %s\n" % (argv[0] if argv else "", exc)
@@ -230,6 +208,20 @@ def _result(code: int, timed_out: bool, oom: bool, t_out: bool, t_err: bool, t0:
         "stderr_truncated": t_err,
         "duration_s": round(time.monotonic() - t0, 6),
     }
+
+
+def _exit_seen(proc: subprocess.Popen[bytes], pidfd: int, exited_at: Optional[float], now: float) -> Optional[float]:
+    """When the command's exit was first seen: from its pidfd's event (the caller's select),
+    or, without a pidfd, by polling."""
+    if exited_at is None and pidfd < 0 and proc.poll() is not None:
+        return now
+    return exited_at
+
+
+def _drained(exited_at: Optional[float], open_pipes: int, now: float) -> bool:
+    """Done collecting output: the command exited and its pipes closed, or LINGER_S passed
+    since (background children still hold them)."""
+    return exited_at is not None and (open_pipes == 0 or now >= exited_at + LINGER_S)
 
 
 def run_command(
@@ -294,7 +286,7 @@ def _supervise(
     oom_before: Optional[int],
     t0: float,
 ) -> Tuple[Dict[str, Any], bytes, bytes]:
-    out, err = Capped(limit), Capped(limit)
+    out, err = CappedBuffer(limit), CappedBuffer(limit)
     sel = selectors.DefaultSelector()
     assert proc.stdout is not None and proc.stderr is not None
     open_pipes = 2
@@ -323,9 +315,8 @@ def _supervise(
     try:
         while True:
             now = time.monotonic()
-            if exited_at is None and pidfd < 0 and proc.poll() is not None:
-                exited_at = now
-            if exited_at is not None and (open_pipes == 0 or now >= exited_at + LINGER_S):
+            exited_at = _exit_seen(proc, pidfd, exited_at, now)
+            if _drained(exited_at, open_pipes, now):
                 break
             if killed_at is None and now >= deadline:
                 _killpg(proc.pid)
@@ -396,7 +387,7 @@ def _supervise(
         oom = after is not None and after > oom_before
     if timed_out:
         code = TIMEOUT_EXIT
-    return (_result(code, timed_out, oom, out.truncated, err.truncated, t0), out.value(), err.value())
+    return (_result(code, timed_out, oom, out.truncated, err.truncated, t0), out.getvalue(), err.getvalue())
 
 
 # ----------------------------------------------------------------------------- live processes
@@ -526,9 +517,8 @@ class Live:
         try:
             while True:
                 now = time.monotonic()
-                if exited_at is None and pidfd < 0 and proc.poll() is not None:
-                    exited_at = now
-                if exited_at is not None and (open_pipes == 0 or now >= exited_at + LINGER_S):
+                exited_at = _exit_seen(proc, pidfd, exited_at, now)
+                if _drained(exited_at, open_pipes, now):
                     break
                 wait: Optional[float] = None
                 if exited_at is not None:

@@ -29,7 +29,7 @@ import anyio
 
 from ..base import Command, Sandbox, as_bytes, shell_argv
 from ..errors import SandboxCreateError, SandboxError, SandboxFileNotFound, SandboxGoneError, SpecError
-from ..output import CappedBuffer
+from ..execd.capped import CappedBuffer
 from ..result import TIMEOUT_EXIT, ExecResult, SandboxInfo
 from ..spec import EgressPolicy, SandboxSpec
 

@@ -29,7 +29,7 @@ import docker.errors
 from anyio import to_thread
 
 from ...errors import SandboxError, SandboxFileNotFound, SandboxGoneError
-from ...output import CappedBuffer
+from ...execd.capped import CappedBuffer
 from ...result import TIMEOUT_EXIT, ExecResult
 from .demux import AttachStream, Demux
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ...errors import SandboxError
-from ...output import CappedBuffer
+from ...execd.capped import CappedBuffer
 from ...result import TIMEOUT_EXIT, ExecResult
 
 _CHUNK = 1 << 16
