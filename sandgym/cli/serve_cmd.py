@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
         tokens_file: Annotated[Optional[Path], typer.Option("--tokens-file", help="File with one token per line (# comments).")] = None,
         max_sandboxes: Annotated[int, typer.Option("--max-sandboxes", help="Live sandboxes on this host, all tenants.")] = 8,
         quota: Annotated[Optional[int], typer.Option(help="Live sandboxes per token (429 past it); default --max-sandboxes with one token, half of it with more. `quota=N` in the tokens file sets one token's.")] = None,
-        provider: Annotated[str, typer.Option("--provider", "-p", help="docker or local (or a provider by dotted path, pkg.module:ClassName).")] = "docker",
+        provider: Annotated[str, typer.Option("--provider", "-p", help="docker, local, prime, ray, or a provider by dotted path (pkg.module:ClassName).")] = "docker",
         ray: Annotated[Optional[str], typer.Option("--ray", help="Front the sandgym nodes of this Ray cluster (HOST:PORT) instead: one endpoint for a fleet; --max-sandboxes is then cluster-wide.")] = None,
         max_ttl: Annotated[float, typer.Option("--max-ttl", help="Longest sandbox lifetime, seconds (timeout_minutes=-1 gets this).")] = 24 * 3600.0,
         idle_timeout: Annotated[float, typer.Option("--idle-timeout", help="Reap sandboxes idle this long, seconds (0: never).")] = 3600.0,

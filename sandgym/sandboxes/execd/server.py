@@ -28,7 +28,7 @@ rose and the command died of SIGKILL. Commands get oom_score_adj 500 so an OOM k
 them before execd. batch_exec runs jobs on min(CPUs, cgroup CPU quota) threads unless
 the request says "parallel".
 
-execd removes itself after --ttl seconds and on SIGTERM/SIGINT, killing what it started,
+execd exits (ending its container) after --ttl seconds and on SIGTERM/SIGINT, killing what it started,
 and --owner-grace seconds after its owner's lifeline (--owner-fifo, a FIFO whose only
 writer is the owning process on the host) reads end-of-file: the owner died (see
 sandgym/sandboxes/ownership.py).

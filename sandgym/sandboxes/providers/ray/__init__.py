@@ -4,7 +4,7 @@ cluster.py (how a Ray node becomes a sandgym node; connecting, on loopback too; 
 cluster on 127.0.0.1), agent.py (the node agent: one actor per machine wrapping its provider,
 hard cap, warm pools and execd, and running work sent to it next to its sandboxes), fleet.py
 (a driver's view: discovery, placement, caps, creation-rate limit, backoff, node-loss
-detection), provider.py (`RayProvider` / `RaySandbox` behind the Provider protocol),
+detection), provider.py (`RayProvider` behind the Provider protocol), sandbox.py (`RaySandbox`),
 ratelimit.py. Ray is optional (`pip install 'sandgym[ray]'`); nothing here imports it at
 module level. Distributed rollouts and training placement build on this in sandgym.fleet.
 """
