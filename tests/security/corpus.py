@@ -16,8 +16,9 @@ Placeholders, filled per run by `Hostile.render`:
 Outcomes are asserted on the ExecResult: `forbidden` strings must not appear in stdout or
 stderr (a program prints ESCAPED only when the attack worked), `required` strings must, and
 `outcome` names what the sandbox layer must report. `gone_ok` programs may take the sandbox
-down (killing every process of its user); then exec may raise SandboxGoneError, never
-anything that reaches the host.
+down (killing every process of its user); then exec may raise SandboxGoneError, or, where
+the sandbox survived its exec daemon being killed, SandboxInterruptedError (and the sandbox
+must then answer), never anything that reaches the host.
 """
 
 from __future__ import annotations

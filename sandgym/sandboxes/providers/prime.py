@@ -28,7 +28,14 @@ from typing import Any
 import anyio
 
 from ..base import Command, Sandbox, as_bytes, shell_argv
-from ..errors import SandboxCreateError, SandboxError, SandboxFileNotFound, SandboxGoneError, SpecError
+from ..errors import (
+    SandboxCreateError,
+    SandboxError,
+    SandboxFileNotFound,
+    SandboxGoneError,
+    SandboxInterruptedError,
+    SpecError,
+)
 from ..execd.capped import CappedBuffer
 from ..result import TIMEOUT_EXIT, ExecResult, SandboxInfo
 from ..spec import EgressPolicy, SandboxSpec
@@ -202,6 +209,8 @@ class PrimeSandbox(Sandbox):
                     return bytes(out), bytes(err), TIMEOUT_EXIT, True, False
                 if e.code == Code.NOT_FOUND:
                     raise SandboxGoneError(f"sandbox {self.id} is gone: {e.message}") from e
+                if e.code == Code.UNAVAILABLE:  # cut short; the sandbox lives on (sandgym serve: execd restarted)
+                    raise SandboxInterruptedError(f"exec in {self.id} was cut short: {e.message}") from e
                 raise SandboxError(f"exec in {self.id} failed ({e.code.value}): {e.message}") from e
             finally:
                 await rpc.close()
