@@ -200,6 +200,7 @@ class SandboxManager:
         self._recycling: set[str] = set()  # ids being destroyed in the background
         # Sandboxes whose removal failed (id -> the error): retried on every reaper tick and at close.
         self._unremoved: dict[str, str] = {}
+        self._retrying = anyio.Lock()
         self._wakeup = anyio.Event()  # set (and replaced) when a slot or an idle sandbox frees up
         self.stats = {"created": 0, "destroyed": 0, "create_failures": 0, "pool_hits": 0, "reused": 0}
 
@@ -584,16 +585,18 @@ class SandboxManager:
                 log.warning("reaper tick failed: %r", exc)
 
     async def _retry_removals(self) -> int:
-        """Try again to remove the sandboxes whose removal failed; how many are left."""
-        for sid in list(self._unremoved):
-            try:
-                await self.provider.remove(sid)
-            except Exception as exc:
-                self._unremoved[sid] = repr(exc)
-            else:
-                del self._unremoved[sid]
-                log.info("sandbox %s removed on a later try", sid)
-        return len(self._unremoved)
+        """Try again to remove the sandboxes whose removal failed; how many are left. One
+        pass at a time (the reaper's tick and close() may both ask)."""
+        async with self._retrying:
+            for sid in list(self._unremoved):
+                try:
+                    await self.provider.remove(sid)
+                except Exception as exc:
+                    self._unremoved[sid] = repr(exc)
+                else:
+                    self._unremoved.pop(sid, None)
+                    log.info("sandbox %s removed on a later try", sid)
+            return len(self._unremoved)
 
     async def _orphan_reaper(self) -> None:
         try:
