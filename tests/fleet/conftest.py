@@ -16,7 +16,8 @@ def node_containers(names: list[str]) -> list[str]:
 
     client = docker.from_env()
     try:
-        return [c.id for n in names for c in client.containers.list(all=True, filters={"label": f"sandgym.node={n}"})]
+        # The low-level listing: containers.list() inspects each one and races its removal.
+        return [c["Id"] for n in names for c in client.api.containers(all=True, filters={"label": f"sandgym.node={n}"})]
     finally:
         client.close()
 

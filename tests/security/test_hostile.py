@@ -83,7 +83,7 @@ def _engine_ids(label: str) -> list[str]:
 
     client = docker.from_env()
     try:
-        # The low-level call: containers.list() inspects each one and races auto-removal.
+        # The low-level call: containers.list() inspects each one and races its removal.
         return [c["Id"] for c in client.api.containers(all=True, filters={"label": label})]
     finally:
         client.close()
