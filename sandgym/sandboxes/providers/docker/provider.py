@@ -1051,7 +1051,9 @@ class DockerProvider:
                 if usage is not None:
                     used, total = usage
                     info = info.model_copy(update={"disk_used_mb": round(used, 1), "disk_mb": round(total, 1)})
-                    if total - used < 1.0:
+                    # Full: a write of 1 MiB (dd's, pip's) already fails with ENOSPC when about
+                    # 1 MiB is left (the file's own metadata needs blocks too).
+                    if total - used < 2.0:
                         info = info.model_copy(update={
                             "error_type": "DISK_FULL",
                             "error_message": f"its disk is full ({used:.0f} of {total:.0f} MiB); writes fail with ENOSPC",
