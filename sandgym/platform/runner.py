@@ -4,8 +4,8 @@ restarts clients do not notice.
 - SIGTERM / SIGINT: **drain**. Stop accepting (the socket stays open in whoever holds it:
   systemd's socket unit, or nobody when we bound it ourselves), close idle keep-alive
   connections once clients have moved off them (every response says `Connection: close`
-  meanwhile), let in-flight requests finish for up to `drain_s`, cut what is still running
-  past that, detach from the sandboxes (they keep running for the next server on the same
+  meanwhile, and one already under way closes its connection behind it), let in-flight
+  requests finish for up to `drain_s`, cut what is still running past that, detach from the sandboxes (they keep running for the next server on the same
   state) and exit 0. Live-process streams are ended at once: the SDK re-attaches to the
   process (its `Connect`), which the next server serves.
 - SIGHUP: **re-exec in place**. The same drain, then the process execs its own command line
@@ -130,18 +130,29 @@ class PlatformServer(uvicorn.Server):
         """uvicorn closes every kept-alive connection without a request in progress at once;
         a client sending its next request on one at that moment gets a reset (and the SDK
         does not retry an exec). So first let the clients move off them: every response
-        from now on says `Connection: close` (Traffic), so a busy client gets its answer and
-        opens a new connection, which waits in the backlog for the next server. Wait until
-        no request has started or ended for QUIET_S and no idle connection holds unread
-        bytes (at most `bound_s`): what is left idle then is not in use. Returns the time
-        spent."""
+        from now on says `Connection: close` (Traffic), and one in progress closes its
+        connection behind it, so a busy client gets its answer and opens a new connection,
+        which waits in the backlog for the next server. Wait until no connection is idle, or
+        no request has started or ended for QUIET_S and no idle connection holds unread bytes
+        (at most `bound_s`): what is left idle then is not in use. Returns the time spent."""
         assert self._traffic is not None
         loop = asyncio.get_running_loop()
         start = loop.time()
+        for connection in list(self.server_state.connections):
+            if not _idle(connection):
+                # Its response started before the drain, without `Connection: close`: the
+                # connection closes right behind the response's last byte (uvicorn's own
+                # shutdown step for busy connections), so the client sees the end and the close
+                # together. Left open, it would turn idle just as its client sends the next
+                # request, and closing it later would race that request (a reset in CI).
+                connection.shutdown()
         await asyncio.sleep(0.05)  # connections accepted just before the stop get their protocol
         while loop.time() - start < bound_s:
+            idle = [c for c in list(self.server_state.connections) if _idle(c)]
+            if not idle:  # every connection left closes behind its response
+                break
             quiet = time.monotonic() - self._traffic.last_activity >= QUIET_S
-            if quiet and not any(_idle(c) and _unread(c) for c in list(self.server_state.connections)):
+            if quiet and not any(_unread(c) for c in idle):
                 break
             await asyncio.sleep(0.02)
         return loop.time() - start

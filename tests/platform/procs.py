@@ -32,10 +32,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _docker_containers(*labels: str) -> list[str]:
-    """Ids of containers carrying all `labels` (key=value)."""
+def _docker_containers(*labels: str, running: bool = False) -> list[str]:
+    """Ids of containers carrying all `labels` (key=value); with `running`, only running ones."""
     filters = [arg for label in labels for arg in ("--filter", f"label={label}")]
-    out = subprocess.run(["docker", "ps", "-aq", *filters], capture_output=True, text=True)
+    out = subprocess.run(["docker", "ps", "-q" if running else "-aq", *filters], capture_output=True, text=True)
     return out.stdout.split()
 
 
@@ -46,7 +46,10 @@ def left_after_deletes(state: Path) -> list[str]:
             break
         time.sleep(0.25)
     leftover = _docker_containers(f"platform.state={state.resolve()}")
-    if leftover:
+    if leftover:  # shown with a failing test's output: what state they were left in
+        shown = subprocess.run(["docker", "ps", "-a", "--no-trunc", "--format", "{{.ID}} {{.Status}} {{.Labels}}",
+                                "--filter", f"label=platform.state={state.resolve()}"], capture_output=True, text=True)
+        print("left after their deletes:\n" + shown.stdout)
         subprocess.run(["docker", "rm", "-f", *leftover], capture_output=True)
     return leftover
 

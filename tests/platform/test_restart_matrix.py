@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -35,6 +36,7 @@ from .procs import (
     _docker_containers,
     left_after_deletes,
     no_python_image,
+    serve_env,
     wait_healthy,
 )
 
@@ -174,7 +176,8 @@ async def test_every_kind_survives_every_restart(
 
 def test_ephemeral_server_sandboxes_go_with_a_killed_server(tmp_path: Path, isolated_home: str) -> None:
     """Without state, the server's sandboxes are its process's (owner lifeline): a kill -9
-    of the server ends them, with no server left to clean up."""
+    of the server stops them at once, with no server left to clean up, and the next sandgym
+    process (here `sandbox prune`) removes the stopped containers."""
     need_docker_backend("the owner lifeline, tested here on containers")
     srv = ServeProcess("--token", TOKEN, "--ephemeral", "--max-sandboxes", "2")
     try:
@@ -184,9 +187,13 @@ def test_ephemeral_server_sandboxes_go_with_a_killed_server(tmp_path: Path, isol
         assert len(_docker_containers(f"platform.id={sb.id}", "sandgym.owner_kind=process")) == 1
         assert srv.stop(signal.SIGKILL) == -signal.SIGKILL
         deadline = time.monotonic() + 60
-        while _docker_containers(f"platform.id={sb.id}") and time.monotonic() < deadline:
+        while _docker_containers(f"platform.id={sb.id}", running=True) and time.monotonic() < deadline:
             time.sleep(0.25)
-        assert _docker_containers(f"platform.id={sb.id}") == []
+        assert _docker_containers(f"platform.id={sb.id}", running=True) == [], "still running without its server"
+        pruned = subprocess.run([sys.executable, "-m", "sandgym", "sandbox", "prune"], capture_output=True,
+                                text=True, env=serve_env(), timeout=120)
+        assert pruned.returncode == 0, pruned.stderr
+        assert _docker_containers(f"platform.id={sb.id}") == [], pruned.stdout
     finally:
         srv.__exit__()
         leftover = _docker_containers(f"platform.id={sb.id}") if "sb" in locals() else []

@@ -150,7 +150,9 @@ def test_sdk_does_not_notice_a_sigterm_restart_or_a_sighup_reexec(tmp_path: Path
         stop.set()
         server.close()
         target.close()
-        assert left_after_deletes(state) == [], "sandboxes left after their deletes"
+        log_path = tmp_path / "serve.log"
+        logs = log_path.read_text() if log_path.exists() else ""
+        assert left_after_deletes(state) == [], f"sandboxes left after their deletes; serve.log ends:\n{logs[-4000:]}"
 
 
 def test_verifiers_bash_harness_does_not_notice_restarts(tmp_path: Path, isolated_home: str) -> None:
