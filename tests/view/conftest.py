@@ -19,6 +19,7 @@ them in DIR once and reuses them from there on later sessions.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -127,16 +128,34 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     from tests.conftest import require
 
     require("docker")
+    keep = os.environ.get("SANDGYM_VIEW_RUNS")  # relative: to the repository (screenshots show no machine paths)
+    root = Path(keep) if keep else _session_dir(tmp_path_factory) / "view-runs"
+    (REPO / root).mkdir(parents=True, exist_ok=True)
+    # Made once per session: under pytest-xdist the first worker to get here makes them while
+    # the others wait on the lock, then all read the same folders.
+    with open(REPO / root.parent / f"{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (REPO / root / "done").exists():
+            if not keep:  # what another worker's failed attempt left
+                shutil.rmtree(REPO / root)
+                (REPO / root).mkdir()
+            _make_runs(root)
+    yield Runs(root)
+
+
+def _session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of this pytest session that its xdist workers share (their own base
+    temporary folders sit side by side in it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _make_runs(root: Path) -> None:
     from sandgym.swe.bundled import load_bundled
 
-    keep = os.environ.get("SANDGYM_VIEW_RUNS")  # relative: to the repository (screenshots show no machine paths)
-    if keep and (REPO / keep / "done").exists():
-        yield Runs(Path(keep))
-        return
-    root = Path(keep) if keep else tmp_path_factory.mktemp("view-runs")
-    (REPO / root).mkdir(parents=True, exist_ok=True)
     r = Runs(root)
-    bundled = root.parent / f"{root.name}-tasks" if keep else tmp_path_factory.mktemp("view-bundled")
+    bundled = root.parent / f"{root.name}-tasks"
+    shutil.rmtree(REPO / bundled, ignore_errors=True)
     load_bundled(REPO / bundled)
     (REPO / bundled / "flaky.jsonl").write_text(json.dumps(flaky_task(REPO / bundled)) + "\n")
     with MockOpenAIServer(agent_responder) as srv:
@@ -163,7 +182,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     if r.failures:
         pytest.fail("making the run folders failed:\n" + "\n".join(r.failures))
     (REPO / root / "done").touch()
-    yield r
 
 
 class Viewer:

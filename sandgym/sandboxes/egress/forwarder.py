@@ -26,14 +26,26 @@ log = logging.getLogger(__name__)
 CHUNK = 1 << 16
 # Connections one sandbox may hold open through the proxy at once (each costs two fds here).
 MAX_CONNECTIONS = 256
+# A transfer whose bytes stopped for this long counts as idle at a drain (a pooled keep-alive
+# tunnel); a pause shorter than this (a slow remote, a sandbox starved of CPU) does not.
+QUIET_S = 2.0
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, moved: Callable[[], None]) -> None:
+async def _pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, moved: Callable[[], None], waiting: list[int]
+) -> None:
     try:
         while data := await reader.read(CHUNK):
             moved()
             writer.write(data)
-            await writer.drain()
+            # A reader slower than the sender (a sandbox under load) stalls the transfer
+            # here: no byte moves, yet it is busy (`waiting` tells the drain so).
+            waiting[0] += 1
+            try:
+                await writer.drain()
+            finally:
+                waiting[0] -= 1
+                moved()
     except (ConnectionError, OSError, asyncio.CancelledError):
         pass
     finally:
@@ -56,7 +68,8 @@ class EgressForwarder:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._servers: dict[str, asyncio.AbstractServer] = {}
-        self._active: dict[int, float] = {}  # open connection -> when it last moved bytes (loop time)
+        # open connection -> (when it last moved bytes (loop time), its pipes waiting on a slow reader)
+        self._active: dict[int, tuple[float, list[int]]] = {}
         self._lock = threading.Lock()
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
@@ -104,13 +117,14 @@ class EgressForwarder:
                     return
                 loop = asyncio.get_running_loop()
                 key = id(cw)
+                waiting = [0]
 
                 def moved() -> None:
-                    self._active[key] = loop.time()
+                    self._active[key] = (loop.time(), waiting)
 
                 moved()
                 try:
-                    await asyncio.gather(_pipe(cr, uw, moved), _pipe(ur, cw, moved))
+                    await asyncio.gather(_pipe(cr, uw, moved, waiting), _pipe(ur, cw, moved, waiting))
                 finally:
                     self._active.pop(key, None)
                     cw.close()
@@ -137,9 +151,10 @@ class EgressForwarder:
         except Exception as exc:
             log.debug("egress: closing %s: %r", sock_path, exc)
 
-    def drain(self, timeout_s: float, quiet_s: float = 0.5) -> int:
+    def drain(self, timeout_s: float, quiet_s: float = QUIET_S) -> int:
         """Stop accepting on every socket, then wait (up to `timeout_s`) until no open
-        connection has moved a byte for `quiet_s`. Returns how many are still busy. Blocking."""
+        connection is busy: none has moved a byte for `quiet_s` or waits for its reader to
+        take what it has. Returns how many are still busy. Blocking."""
         loop = self._loop
         if loop is None:
             return 0
@@ -150,7 +165,7 @@ class EgressForwarder:
 
         async def busy() -> int:
             now = asyncio.get_running_loop().time()
-            return sum(1 for last in self._active.values() if now - last < quiet_s)
+            return sum(1 for last, waiting in self._active.values() if now - last < quiet_s or waiting[0])
 
         asyncio.run_coroutine_threadsafe(stop_accepting(), loop).result(timeout=10)
         deadline = time.monotonic() + timeout_s
