@@ -14,10 +14,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
 
 from sandgym.core.state import State
 from sandgym.errors import UserError
+
+if TYPE_CHECKING:
+    from sandgym.core.clients import OpenAIClient
 
 
 class EnvRolloutSource:
@@ -41,7 +47,8 @@ class EnvRolloutSource:
         self.rows = self.env.rows(None, split="train")
         if not self.rows:
             raise UserError(f"environment {name!r} has no training rows")
-        self._in_sandbox_session = False
+        self._clients: dict[str, OpenAIClient] | None = None  # inside sandbox_session()
+        self._session_loop: object = None
 
     def rows_at(self, start: int, count: int) -> list[dict[str, Any]]:
         # The data position cycles through the dataset (epochs), deterministically.
@@ -50,31 +57,45 @@ class EnvRolloutSource:
     async def generate_groups(
         self, base_url: str, model: str, start: int, count: int, group_size: int, sampling: dict[str, Any], max_concurrent: int
     ) -> list[list[State]]:
-        from sandgym.core.clients import OpenAIClient
-
-        client = OpenAIClient(base_url=base_url, api_key="sandgym", request_tokens=True, token_in=self.token_in)
         rows = self.rows_at(start, count)
 
-        async def go() -> list[State]:
+        async def go(client: OpenAIClient) -> list[State]:
             return await self.env.generate(
                 client, model, rows, rollouts_per_example=group_size, max_concurrent=max_concurrent, sampling_args=sampling
             )
 
-        try:
-            if self._in_sandbox_session:
-                states = await go()
-            else:
-                async with self.env.sandbox_session(self.provider, max_sandboxes=self.max_sandboxes, warm=self.warm_sandboxes):
-                    states = await go()
-        finally:
-            await client.aclose()
+        if self._clients is not None and self._session_loop == anyio.lowlevel.current_token():
+            # In the run's sandbox session, on its event loop: the session's client for this server.
+            client = self._clients.get(base_url)
+            if client is None:
+                client = self._clients[base_url] = self._client(base_url)
+            states = await go(client)
+        else:
+            client = self._client(base_url)
+            try:
+                if self._clients is not None:
+                    states = await go(client)
+                else:
+                    async with self.env.sandbox_session(self.provider, max_sandboxes=self.max_sandboxes, warm=self.warm_sandboxes):
+                        states = await go(client)
+            finally:
+                await client.aclose()
         return [states[i : i + group_size] for i in range(0, len(states), group_size)]
+
+    def _client(self, base_url: str) -> OpenAIClient:
+        from sandgym.core.clients import OpenAIClient
+
+        return OpenAIClient(base_url=base_url, api_key="sandgym", request_tokens=True, token_in=self.token_in)
 
     @asynccontextmanager
     async def sandbox_session(self) -> AsyncIterator[None]:
+        """Sandboxes, and the inference clients, for the run: one client per server, made on
+        first use (making one costs an SSL context, ~30 ms, which every group paid)."""
         async with self.env.sandbox_session(self.provider, max_sandboxes=self.max_sandboxes, warm=self.warm_sandboxes):
-            self._in_sandbox_session = True
+            self._clients, self._session_loop = {}, anyio.lowlevel.current_token()
             try:
                 yield
             finally:
-                self._in_sandbox_session = False
+                clients, self._clients = self._clients, None
+                for client in clients.values():
+                    await client.aclose()
