@@ -4,6 +4,8 @@ trainer's packed varlen path reproduces."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import openai
 import pytest
@@ -13,7 +15,8 @@ from sandgym.core.clients import OpenAIClient, extract_tokens
 from sandgym.core.state import State, Turn, TurnTokens
 from sandgym.models.tiny import byte_tokenizer, tiny_qwen2
 from sandgym.train.attention import use_varlen
-from sandgym.train.backends.hf import HFBackend
+from sandgym.train.backends.base import GenRequest, GenResult
+from sandgym.train.backends.hf import HFBackend, HFEngine
 from sandgym.train.backends.openai_server import parse_tool_calls
 from sandgym.train.batch import pack, state_to_sequence
 from sandgym.train.logprobs import packed_logprobs
@@ -154,3 +157,67 @@ def test_server_serves_any_engine_and_a_failed_start_leaves_nothing_running() ->
     finally:
         srv.close()
     assert engine_threads() == base
+
+
+def _engine() -> HFEngine:
+    return HFEngine(tiny_qwen2(seed=3), byte_tokenizer(), max_batch_size=8)
+
+
+def test_a_request_joins_the_batch_being_decoded_and_decodes_as_it_would_alone() -> None:
+    """Continuous batching: B arrives while A is being decoded, is prefilled and joins A's
+    batch between two decode steps, finishes first and leaves; both decode (greedy) exactly
+    the tokens, and nearly the logprobs, they get alone."""
+    engine = _engine()
+    if not engine.continuous:
+        pytest.fail("this transformers keeps no per-layer KV tensors (transformers 4.54+ does)")
+    a = GenRequest(prompt_ids=list(b"def add(a, b):"), max_tokens=40, temperature=0.0, ignore_eos=True)
+    b = GenRequest(prompt_ids=list(b"x = 1"), max_tokens=6, temperature=0.0, ignore_eos=True)
+    alone = engine.generate([a]) + engine.generate([b])
+    got: dict[str, GenResult | BaseException] = {}
+    calls: list[tuple[bool, int]] = []
+
+    def take(wait: bool, limit: int) -> tuple[list[tuple[GenRequest, Any]], bool]:
+        calls.append((wait, limit))
+        if len(calls) == 1:
+            return [(a, lambda r: got.setdefault("a", r))], False
+        if len(calls) == 4:  # A has decoded three tokens
+            return [(b, lambda r: got.setdefault("b", r))], False
+        if wait:
+            return [], True  # the queue closes once the batch is done
+        return [], False
+
+    engine.decode_continuously(take)
+    assert list(got) == ["b", "a"]  # B joined A's batch and left it first
+    assert calls[4] == (False, 6)  # while both were decoded: room for 8 - 2
+    for res, ref in zip((got["a"], got["b"]), alone, strict=True):
+        assert isinstance(res, GenResult)
+        assert res.completion_ids == ref.completion_ids and res.finish_reason == ref.finish_reason == "length"
+        assert res.logprobs == pytest.approx(ref.logprobs, abs=1e-4)
+
+
+def test_staged_weights_stop_the_batch_growing_and_serve_the_next() -> None:
+    """A weight update while a batch is decoded: the batch takes no new request, finishes on
+    the old weights, and what waited is decoded on the new ones."""
+    engine = _engine()
+    a = GenRequest(prompt_ids=list(b"abc"), max_tokens=10, temperature=0.0, ignore_eos=True)
+    b = GenRequest(prompt_ids=list(b"xyz"), max_tokens=3, temperature=0.0, ignore_eos=True)
+    got: dict[str, GenResult | BaseException] = {}
+    calls: list[bool] = []
+
+    def take(wait: bool, limit: int) -> tuple[list[tuple[GenRequest, Any]], bool]:
+        calls.append(wait)
+        if len(calls) == 1:
+            return [(a, lambda r: got.setdefault("a", r))], False
+        if len(calls) == 2:  # a new policy arrives while A decodes; B is queued
+            engine.stage(tiny_qwen2(seed=4).state_dict(), 1)
+            return [], False
+        if len(calls) == 3:
+            assert wait, "the batch took requests after weights were staged"
+            return [(b, lambda r: got.setdefault("b", r))], False
+        return [], True
+
+    engine.decode_continuously(take)
+    ra, rb = got["a"], got["b"]
+    assert isinstance(ra, GenResult) and isinstance(rb, GenResult)
+    assert (ra.policy_version, rb.policy_version) == (0, 1)
+    assert len(ra.completion_ids) == 10 and len(rb.completion_ids) == 3

@@ -7,20 +7,28 @@ copy and `update_weights` copies the trainer's state (a module or a full state d
 what asynchronous training needs (generation on version n while training produces n+1), and
 what an FSDP2-sharded trainer needs (rank 0 gathers the full state dict and pushes it).
 
-"In flight" for this engine: one `generate` call decodes a batch of requests to the end
-under the engine lock. A weight update made while a batch is being decoded does not wait for
-it: the new tensors are copied aside (`HFEngine.stage`) and loaded under the lock before the
-next batch, so the batch in progress finishes on the old weights and requests queued
-meanwhile, including later turns of multi-turn rollouts, run on the new ones. Each result
-carries the policy version it was decoded with. Nothing is aborted or re-decoded.
+Behind the server the engine batches continuously (`HFEngine.decode_continuously`): a
+request that arrives while a batch is being decoded is prefilled and joins that batch at the
+next decode step, and a finished row leaves it at once. A multi-turn rollout's later turns
+arrive one tool result at a time; decoded as batches of their own, one after another, they
+were most of a GRPO step's generation time on CPU.
+
+"In flight" for this engine: a batch is decoded under the engine lock. A weight update made
+while a batch is being decoded does not wait for it: the new tensors are copied aside
+(`HFEngine.stage`), the batch stops taking new requests and finishes on the old weights, and
+the new ones are loaded before the next batch, so requests queued meanwhile, including later
+turns of multi-turn rollouts, run on them. Each result carries the policy version it was
+decoded with. Nothing is aborted or re-decoded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,6 +38,34 @@ from sandgym.train.backends.openai_server import OpenAIServer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+log = logging.getLogger(__name__)
+
+Done = Callable[[GenResult | BaseException], None]
+# What the server's queue hands the engine: (requests with their callbacks, whether it closed).
+Take = Callable[[bool, int], tuple[list[tuple[GenRequest, Done]], bool]]
+
+
+@dataclass
+class _Row:
+    """One request being decoded: its tokens so far."""
+
+    req: GenRequest
+    done: Done
+    stops: set[int]
+    ids: list[int] = field(default_factory=list)
+    lps: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Batch:
+    """Rows decoded together: left-padded, so every row's last token is in the last column."""
+
+    rows: list[_Row]
+    cache: Any  # transformers' DynamicCache: per layer, keys and values [rows, heads, T, dim]
+    mask: torch.Tensor  # [rows, T]: 1 where a row has a token
+    pos: torch.Tensor  # [rows, 1]: the position of each row's last token
+    logits: torch.Tensor  # [rows, vocab]: for each row's next token
 
 
 class HFEngine:
@@ -49,6 +85,8 @@ class HFEngine:
         self.autocast_dtype = autocast_dtype
         self.max_batch_size = max_batch_size
         self.lock = threading.Lock()  # held while generating or while weights change
+        self._wanted = 0  # threads waiting for `lock` through `exclusive()`: a batch stops growing
+        self.continuous = continuous_batching_supported()  # else the server batches statically
         self.policy_version = 0  # of the weights served; changed under `lock`
         # Weights staged while a batch was being decoded: (state, version), loaded before the
         # next batch. Guarded by `_staged_lock` (never held while decoding).
@@ -80,6 +118,25 @@ class HFEngine:
                     r.policy_version = self.policy_version
                 out.extend(res)
         return out
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """The engine lock, taken as soon as the batch being decoded ends (it takes no new
+        requests meanwhile)."""
+        with self._staged_lock:
+            self._wanted += 1
+        try:
+            with self.lock:
+                yield
+        finally:
+            with self._staged_lock:
+                self._wanted -= 1
+
+    def _growing(self) -> bool:
+        """Whether the batch being decoded may take new requests: no weights wait to be loaded
+        and nobody waits for the lock."""
+        with self._staged_lock:
+            return self._staged is None and self._wanted == 0
 
     def load(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Load `state` now (the caller holds `lock`); drops anything staged before."""
@@ -191,6 +248,168 @@ class HFEngine:
             model.train(was_training)
 
 
+    # -- continuous batching (the server's worker loop) -----------------------------------
+
+    def decode_continuously(self, take: Take) -> None:
+        """Serve requests from `take` until it says the queue closed: `take(True, n)` waits
+        for the first of up to `n` requests, `take(False, n)` returns those already queued.
+        Requests that arrive while a batch is decoded join it between decode steps."""
+        closed = False
+        while not closed:
+            items, closed = take(True, self.max_batch_size)
+            if not items:
+                continue
+            with self.lock:
+                self.apply_staged()
+                closed = self._decode(items, take, closed)
+
+    def _decode(self, items: list[tuple[GenRequest, Done]], take: Take, closed: bool) -> bool:
+        """Decode `items` and what joins them until every row has finished; returns whether
+        the queue closed meanwhile. A failure answers every row of the batch with it."""
+        model = self.model
+        was_training = model.training
+        model.eval()  # also keeps gradient checkpointing from disabling the cache
+        batch: _Batch | None = None
+        try:
+            with torch.no_grad():
+                while True:
+                    if items:
+                        batch = self._join(batch, items)
+                        items = []
+                    if batch is None or not batch.rows:
+                        return closed
+                    batch = self._step(batch)
+                    room = self.max_batch_size - (len(batch.rows) if batch is not None else 0)
+                    if not closed and room > 0 and self._growing():
+                        items, closed = take(False, room)
+        except Exception as exc:
+            log.exception("generation failed")
+            for row in (batch.rows if batch is not None else []):
+                row.done(exc)
+            for _, done in items:
+                done(exc)
+            return closed
+        finally:
+            model.train(was_training)
+
+    def _join(self, batch: _Batch | None, items: list[tuple[GenRequest, Done]]) -> _Batch | None:
+        """Prefill `items` and add them to `batch` (a new batch when None)."""
+        from transformers import DynamicCache
+
+        rows: list[_Row] = []
+        for req, done in items:
+            if not req.prompt_ids:
+                done(ValueError("empty prompt"))
+            elif req.max_tokens <= 0:
+                done(GenResult(completion_ids=[], logprobs=[], finish_reason="length", policy_version=self.policy_version))
+            else:
+                rows.append(_Row(req, done, set(req.stop_token_ids) | (set() if req.ignore_eos else set(self.eos_ids))))
+        if not rows:
+            return batch
+        dev = self.device
+        lens = [len(r.req.prompt_ids) for r in rows]
+        width = max(lens)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):  # left padding: every row's last token is at -1
+            ids[i, width - lens[i] :] = torch.tensor(r.req.prompt_ids, dtype=torch.long)
+            mask[i, width - lens[i] :] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        try:
+            with self._autocast():
+                res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        except Exception as exc:  # these rows only; the batch goes on
+            log.exception("prefill failed")
+            for r in rows:
+                r.done(exc)
+            return batch
+        new = _Batch(rows, cache, mask, pos[:, -1:], res.logits[:, -1].float())
+        return new if batch is None else _merge(batch, new)
+
+    def _step(self, batch: _Batch) -> _Batch | None:
+        """Sample each row's next token; answer the rows that finished; run the model on the
+        rest. Returns the batch left (None when every row finished)."""
+        rows, logits, dev = batch.rows, batch.logits, self.device
+        temps = torch.tensor([max(r.req.temperature, 0.0) for r in rows], device=dev).unsqueeze(-1)
+        top_p = torch.tensor([r.req.top_p for r in rows], device=dev).unsqueeze(-1)
+        logp = torch.log_softmax(logits, dim=-1)
+        probs = torch.softmax(logits / torch.where(temps > 0, temps, torch.ones_like(temps)), dim=-1)
+        if any(r.req.top_p < 1.0 for r in rows):
+            sp, si = probs.sort(dim=-1, descending=True)
+            sp = sp * ((sp.cumsum(-1) - sp) < top_p)
+            probs = torch.zeros_like(probs).scatter_(-1, si, sp)
+            probs = probs / probs.sum(-1, keepdim=True)
+        tok = torch.multinomial(probs, 1).squeeze(-1)
+        tok = torch.where(temps.squeeze(-1) <= 0.0, logits.argmax(-1), tok)
+        lps = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1).tolist()
+        keep: list[int] = []
+        for i, (r, t) in enumerate(zip(rows, tok.tolist(), strict=True)):
+            r.ids.append(t)
+            r.lps.append(float(lps[i]))
+            if t in r.stops or len(r.ids) >= r.req.max_tokens:
+                r.done(GenResult(completion_ids=r.ids, logprobs=r.lps, finish_reason="stop" if t in r.stops else "length",
+                                 policy_version=self.policy_version))
+            else:
+                keep.append(i)
+        if not keep:
+            return None
+        if len(keep) < len(rows):
+            batch = _select(batch, keep)
+            tok = tok[torch.tensor(keep, device=dev)]
+        batch.mask = torch.cat([batch.mask, torch.ones((len(keep), 1), dtype=batch.mask.dtype, device=dev)], dim=-1)
+        batch.pos = batch.pos + 1
+        with self._autocast():
+            res = self.model(input_ids=tok.unsqueeze(-1), attention_mask=batch.mask, position_ids=batch.pos,
+                             past_key_values=batch.cache, use_cache=True)
+        batch.logits = res.logits[:, -1].float()
+        return batch
+
+
+def _layers(cache: Any) -> list[Any]:
+    return list(cache.layers)
+
+
+def _merge(a: _Batch, b: _Batch) -> _Batch:
+    """One batch of both: each left-padded to the longer, rows concatenated."""
+    width = max(a.mask.shape[1], b.mask.shape[1])
+
+    def pad(t: torch.Tensor, dim: int) -> torch.Tensor:
+        short = width - t.shape[dim]
+        if short == 0:
+            return t
+        shape = list(t.shape)
+        shape[dim] = short
+        return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+    for la, lb in zip(_layers(a.cache), _layers(b.cache), strict=True):
+        la.keys = torch.cat([pad(la.keys, -2), pad(lb.keys, -2)], dim=0)
+        la.values = torch.cat([pad(la.values, -2), pad(lb.values, -2)], dim=0)
+    return _Batch(a.rows + b.rows, a.cache, torch.cat([pad(a.mask, 1), pad(b.mask, 1)], dim=0),
+                  torch.cat([a.pos, b.pos], dim=0), torch.cat([a.logits, b.logits], dim=0))
+
+
+def _select(batch: _Batch, keep: list[int]) -> _Batch:
+    """The rows `keep` of `batch`, without the padding columns none of them needs."""
+    idx = torch.tensor(keep, device=batch.mask.device)
+    mask = batch.mask.index_select(0, idx)
+    first = int(mask.any(0).nonzero()[0])  # columns before it are padding in every row left
+    for layer in _layers(batch.cache):
+        layer.keys = layer.keys.index_select(0, idx)[..., first:, :]
+        layer.values = layer.values.index_select(0, idx)[..., first:, :]
+    return _Batch([batch.rows[i] for i in keep], batch.cache, mask[:, first:], batch.pos.index_select(0, idx),
+                  batch.logits.index_select(0, idx))
+
+
+def continuous_batching_supported() -> bool:
+    """Whether this transformers keeps its KV cache as per-layer key/value tensors that
+    rows can be added to and removed from (`DynamicCache.layers`, transformers 4.54+)."""
+    from transformers import DynamicCache
+
+    return hasattr(DynamicCache(), "layers")
+
+
 class HFBackend:
     """The transformers backend: an HFEngine and the OpenAIServer in front of it (127.0.0.1,
     a free port unless `port` is given)."""
@@ -240,7 +459,7 @@ class HFBackend:
                 # The served model is the trainer's own: anything else means its weights live
                 # elsewhere (a sharded model, a state dict) and would never be served.
                 raise ValueError("share_weights=True serves the trainer's model object; pass that module")
-            with self.engine.lock:
+            with self.engine.exclusive():
                 self.engine.policy_version = v
         elif self.engine.lock.acquire(blocking=False):
             try:

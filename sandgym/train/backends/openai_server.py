@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 
 class RequestBatcher:
     """Collects concurrent requests into batches of up to `engine.max_batch_size` for one
-    worker thread (requests arriving within `window_s` of the first join its batch)."""
+    worker thread (requests arriving within `window_s` of the first join its batch). An
+    engine that batches continuously (`decode_continuously`, the HF engine) takes the queue
+    itself: what arrives while it decodes joins the batch in progress."""
 
     def __init__(self, engine: InferenceEngine, window_s: float = 0.005) -> None:
         self.engine = engine
@@ -54,24 +56,37 @@ class RequestBatcher:
         self.q.put(None)
         self.thread.join(timeout=30)
 
-    def _run(self) -> None:
-        while True:
+    def take(self, wait: bool, limit: int) -> tuple[list[tuple[GenRequest, Callable[[GenResult | BaseException], None]]], bool]:
+        """Up to `limit` queued requests and whether the queue closed. With `wait`: blocks
+        for the first, then takes what arrives within `window_s`; without: what is there."""
+        batch: list[tuple[GenRequest, Callable[[GenResult | BaseException], None]]] = []
+        if wait:
             first = self.q.get()
             if first is None:
-                return
-            batch = [first]
-            deadline = time.monotonic() + self.window_s
-            stop = False
-            while len(batch) < self.engine.max_batch_size:
-                timeout = deadline - time.monotonic()
-                try:
-                    item = self.q.get(timeout=max(timeout, 0.0)) if timeout > 0 else self.q.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stop = True
-                    break
-                batch.append(item)
+                return batch, True
+            batch.append(first)
+        deadline = time.monotonic() + (self.window_s if wait else 0.0)
+        while len(batch) < limit:
+            timeout = deadline - time.monotonic()
+            try:
+                item = self.q.get(timeout=timeout) if timeout > 0 else self.q.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                return batch, True
+            batch.append(item)
+        return batch, False
+
+    def _run(self) -> None:
+        decode = getattr(self.engine, "decode_continuously", None)
+        if decode is not None and getattr(self.engine, "continuous", False):
+            decode(self.take)
+            return
+        stop = False
+        while not stop:
+            batch, stop = self.take(True, self.engine.max_batch_size)
+            if not batch:
+                continue
             try:
                 results: list[GenResult | BaseException] = list(self.engine.generate([r for r, _ in batch]))
             except BaseException as exc:  # report to every waiter; keep serving
@@ -79,8 +94,6 @@ class RequestBatcher:
                 results = [exc] * len(batch)
             for (_, cb), res in zip(batch, results, strict=True):
                 cb(res)
-            if stop:
-                return
 
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
