@@ -247,7 +247,6 @@ class HFEngine:
         finally:
             model.train(was_training)
 
-
     # -- continuous batching (the server's worker loop) -----------------------------------
 
     def decode_continuously(self, take: Take) -> None:
