@@ -6,8 +6,9 @@ restarts clients do not notice.
   connections once clients have moved off them (every response says `Connection: close`
   meanwhile, and one already under way closes its connection behind it), let in-flight
   requests finish for up to `drain_s`, cut what is still running past that, detach from
-  the sandboxes (they keep running for the next server on the same state) and exit 0. Live-process streams are ended at once: the SDK re-attaches to the
-  process (its `Connect`), which the next server serves.
+  the sandboxes (they keep running for the next server on the same state) and exit 0.
+  Live-process streams are ended at once: the SDK re-attaches to the process (its
+  `Connect`), which the next server serves.
 - SIGHUP: **re-exec in place**. The same drain, then the process execs its own command line
   again (same pid, so systemd's main pid stays), handing the listening socket over as fd 3
   (sockets.py). New connections wait in the kernel's backlog meanwhile; the new process
