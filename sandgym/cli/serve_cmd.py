@@ -158,7 +158,7 @@ def register(app: typer.Typer) -> None:
             drain_s=drain_timeout,
         )
         try:
-            sock = sockets.inherited_socket()
+            sock, connections = sockets.inherited_sockets()
         except sockets.ActivationError as exc:
             err.print(f"[red]sandgym serve: socket activation: {exc}[/]")
             raise typer.Exit(2) from None
@@ -180,4 +180,5 @@ def register(app: typer.Typer) -> None:
             f"provider={provider}  max_sandboxes={max_sandboxes}  quota/token={config.default_quota()}  "
             f"state={state}  pid={os.getpid()}  docs: /docs"
         )
-        runner.serve(app, sock, drain_s=drain_timeout, log_level=log_level, on_drain=app.state.service.begin_drain, held=held)
+        runner.serve(app, sock, drain_s=drain_timeout, log_level=log_level, on_drain=app.state.service.begin_drain, held=held,
+                     connections=connections)

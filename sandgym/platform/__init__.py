@@ -18,6 +18,6 @@ state and the reaper's label contract: docs/platform.md.
 - models.py    wire models
 - runner.py    the server process: drain on SIGTERM, re-exec in place on SIGHUP
 - sockets.py   the listening socket that outlives a process: socket activation (LISTEN_FDS),
-               handing it over across a re-exec
+               handing it (and the kept-alive connections) over across a re-exec
 - testing.py   a live server in a thread and a PrimeProvider on it, for tests and benchmarks
 """

@@ -2,17 +2,18 @@
 restarts clients do not notice.
 
 - SIGTERM / SIGINT: **drain**. Stop accepting (the socket stays open in whoever holds it:
-  systemd's socket unit, or nobody when we bound it ourselves), close idle keep-alive
-  connections once clients have moved off them (every response says `Connection: close`
-  meanwhile, and one already under way closes its connection behind it), let in-flight
-  requests finish for up to `drain_s`, cut what is still running past that, detach from
-  the sandboxes (they keep running for the next server on the same state) and exit 0.
-  Live-process streams are ended at once: the SDK re-attaches to the process (its
-  `Connect`), which the next server serves.
-- SIGHUP: **re-exec in place**. The same drain, then the process execs its own command line
-  again (same pid, so systemd's main pid stays), handing the listening socket over as fd 3
-  (sockets.py). New connections wait in the kernel's backlog meanwhile; the new process
-  re-adopts the sandboxes before it accepts the first one.
+  systemd's socket unit, or nobody when we bound it ourselves), let in-flight requests
+  finish for up to `drain_s` (every response says `Connection: close` meanwhile), close each
+  kept-alive connection once it has been idle for QUIET_S, cut what is still running past
+  the bound, detach from the sandboxes (they keep running for the next server on the same
+  state) and exit 0. Live-process streams are ended at once: the SDK re-attaches to the
+  process (its `Connect`), which the next server serves.
+- SIGHUP: **re-exec in place**. Stop accepting, let in-flight requests finish (as above),
+  then exec the same command line again (same pid, so systemd's main pid stays), handing
+  over the listening socket as fd 3 and every kept-alive connection, between two requests,
+  after it (sockets.py): no connection is closed, so no client can race a close. New
+  connections wait in the kernel's backlog, and next requests on handed-over connections in
+  their socket buffers; the new process re-adopts the sandboxes before it reads either.
 - SIGTERM / SIGINT during a SIGHUP's drain turn the re-exec into a stop; SIGHUP during a
   stop's drain is ignored; a second SIGINT cuts the drain short.
 - No signal is lost across the re-exec: they are blocked before the exec and the new process
@@ -38,13 +39,14 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from . import sockets
 
 log = logging.getLogger("sandgym.serve")
 
 DEFAULT_DRAIN_S = 20.0  # below prime-sandboxes' 30 s read timeout, which queued requests wait out
-QUIET_S = 0.5  # no request started or ended for this long: idle connections are not in use
+QUIET_S = 1.0  # a stop closes a kept-alive connection once idle this long: its client has moved off it
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -60,6 +62,61 @@ def hold_signals() -> list[int]:
     return seen
 
 
+class Connection(HttpToolsProtocol):
+    """uvicorn's HTTP/1.1 protocol that knows whether it stands between two requests with
+    nothing of the next one read (so it can be handed to the next process whole), and since
+    when it has been idle."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.parsing = False  # bytes of a request read, its end not yet
+        self.idle_since = time.monotonic()
+        self.hold = False  # stop reading as soon as it is between two requests (a re-exec)
+        self.held = False
+
+    def on_message_begin(self) -> None:
+        self.parsing = True
+        super().on_message_begin()
+
+    def on_message_complete(self) -> None:
+        self.parsing = False
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self.idle_since = time.monotonic()
+        if self.hold:  # in the same step as the response's last byte: nothing of the next request is read yet
+            self.stop_reading()
+
+    def between_requests(self) -> bool:
+        cycle = self.cycle
+        return (cycle is None or cycle.response_complete) and not self.pipeline and not self.parsing
+
+    def stop_reading(self) -> None:
+        """Stop reading if between two requests: what the client sends next stays in the
+        socket's buffer for whoever holds the socket next."""
+        if self.held or not self.between_requests() or self.transport.is_closing():
+            return
+        self.flow.pause_reading()
+        self._unset_keepalive_if_required()
+        self.held = True
+
+    def read_again(self) -> None:
+        self.hold = False
+        if self.held:
+            self.held = False
+            self.flow.resume_reading()
+
+    def adopted(self) -> None:
+        """Handed over by the process before: idle as far as this process knows."""
+        if self.between_requests() and self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def fileno(self) -> int:
+        sock = self.transport.get_extra_info("socket")
+        return int(sock.fileno()) if sock is not None else -1
+
+
 class PlatformServer(uvicorn.Server):
     """uvicorn.Server with the signals above; `run_forever` re-execs on SIGHUP."""
 
@@ -70,6 +127,7 @@ class PlatformServer(uvicorn.Server):
         on_drain: Callable[[], None] | None = None,
         held: list[int] | None = None,
         traffic: Traffic | None = None,
+        adopt: list[socket.socket] | None = None,
     ) -> None:
         super().__init__(config)
         self._traffic = traffic
@@ -77,6 +135,8 @@ class PlatformServer(uvicorn.Server):
         self.signal_name: str | None = None
         self._on_drain = on_drain
         self._held = held if held is not None else []
+        self._adopt = adopt or []
+        self.handed: list[int] = []  # duplicates of the connections a re-exec hands over
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -109,6 +169,26 @@ class PlatformServer(uvicorn.Server):
         self.restart = sig == signal.SIGHUP
         self.should_exit = True
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        loop = asyncio.get_running_loop()
+        adopted = 0
+        for sock in self._adopt:
+            try:
+                _, protocol = await loop.connect_accepted_socket(self._connection, sock)
+            except OSError as exc:  # its client has gone meanwhile
+                log.info("sandgym serve: a handed-over connection is gone: %s", exc)
+                continue
+            if isinstance(protocol, Connection):
+                protocol.adopted()
+            adopted += 1
+        if self._adopt:
+            log.warning("sandgym serve: serving %d connection(s) the previous process handed over", adopted)
+        self._adopt = []
+
+    def _connection(self) -> Connection:
+        return Connection(config=self.config, server_state=self.server_state, app_state=self.lifespan.state)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         what = "re-executing" if self.restart else "stopping"
         log.warning(
@@ -119,54 +199,71 @@ class PlatformServer(uvicorn.Server):
             self._on_drain()
         for server in self.servers:
             server.close()  # stop accepting; what arrives from now on waits in the backlog
-        if self._traffic is not None:
-            self._traffic.draining = True
-            bound = self.config.timeout_graceful_shutdown
-            spent = await self._quiesce(float(bound) if bound is not None else DEFAULT_DRAIN_S)
-            if bound is not None:
-                self.config.timeout_graceful_shutdown = max(0, math.ceil(bound - spent))
+        bound = self.config.timeout_graceful_shutdown
+        bound_s = float(bound) if bound is not None else DEFAULT_DRAIN_S
+        spent = await self._drain(bound_s)
+        if bound is not None:
+            self.config.timeout_graceful_shutdown = max(0, math.ceil(bound - spent))
         await super().shutdown(sockets=sockets)
 
-    async def _quiesce(self, bound_s: float) -> float:
-        """uvicorn closes every kept-alive connection without a request in progress at once;
-        a client sending its next request on one at that moment gets a reset (and the SDK
-        does not retry an exec). So first let the clients move off them: every response
-        from now on says `Connection: close` (Traffic), and one in progress closes its
-        connection behind it, so a busy client gets its answer and opens a new connection,
-        which waits in the backlog for the next server. Wait until no connection is idle, or
-        no request has started or ended for QUIET_S and no idle connection holds unread bytes
-        (at most `bound_s`): what is left idle then is not in use. Returns the time spent."""
-        assert self._traffic is not None
+    def _connections(self) -> list[Connection]:
+        return [c for c in list(self.server_state.connections) if isinstance(c, Connection)]
+
+    async def _drain(self, bound_s: float) -> float:
+        """Before uvicorn's own shutdown (which closes every idle connection at once and cuts
+        what still runs), at most `bound_s`; returns the time spent.
+
+        uvicorn would close kept-alive connections while their clients may be sending the
+        next request on them: that request is reset, and the SDK does not retry an exec. So
+        a re-exec hands every connection over between two requests (`Connection.hold`), and
+        a stop closes a connection only once it has been idle for QUIET_S with nothing unread
+        (a client moves off the others itself: every response says `Connection: close`)."""
         loop = asyncio.get_running_loop()
         start = loop.time()
-        for connection in list(self.server_state.connections):
-            if not _idle(connection):
-                # Its response started before the drain, without `Connection: close`: the
-                # connection closes right behind the response's last byte (uvicorn's own
-                # shutdown step for busy connections), so the client sees the end and the close
-                # together. Left open, it would turn idle just as its client sends the next
-                # request, and closing it later would race that request (a reset in CI).
-                connection.shutdown()
+        holding = self.restart
+        if not holding and self._traffic is not None:
+            self._traffic.draining = True
+        for connection in self._connections():
+            connection.hold = holding
+            if holding:
+                connection.stop_reading()
         await asyncio.sleep(0.05)  # connections accepted just before the stop get their protocol
         while loop.time() - start < bound_s:
-            idle = [c for c in list(self.server_state.connections) if _idle(c)]
-            if not idle:  # every connection left closes behind its response
-                break
-            quiet = time.monotonic() - self._traffic.last_activity >= QUIET_S
-            if quiet and not any(_unread(c) for c in idle):
-                break
+            if holding and not self.restart:  # SIGTERM during the re-exec's drain: a stop
+                holding = False
+                if self._traffic is not None:
+                    self._traffic.draining = True
+                for connection in self._connections():
+                    connection.read_again()
+            connections = self._connections()
+            if holding:
+                for connection in connections:
+                    connection.hold = True
+                    connection.stop_reading()
+                if all(c.held for c in connections):
+                    break
+            else:
+                now = time.monotonic()
+                for connection in connections:
+                    if connection.between_requests() and now - connection.idle_since >= QUIET_S and not _unread(connection):
+                        connection.transport.close()
+                if not connections:
+                    break
             await asyncio.sleep(0.02)
+        if holding:
+            for connection in self._connections():
+                if connection.held and (fd := connection.fileno()) >= 0:
+                    self.handed.append(os.dup(fd))  # outlives uvicorn's close of the transport
         return loop.time() - start
 
 
 class Traffic:
-    """ASGI wrapper that notes when requests start and end and, once `draining`, answers
-    every request with `Connection: close` (see PlatformServer._quiesce)."""
+    """ASGI wrapper that, once `draining` (a stop), answers every request with
+    `Connection: close`, so clients move off their kept-alive connections themselves."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
         self.draining = False
-        self.last_activity = time.monotonic()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -178,26 +275,16 @@ class Traffic:
                 message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
             await send(message)
 
-        self.last_activity = time.monotonic()
-        try:
-            await self.app(scope, receive, send_closing)
-        finally:
-            self.last_activity = time.monotonic()
+        await self.app(scope, receive, send_closing)
 
 
-def _idle(connection: object) -> bool:
-    cycle = getattr(connection, "cycle", None)
-    return cycle is None or bool(getattr(cycle, "response_complete", False))
-
-
-def _unread(connection: object) -> bool:
+def _unread(connection: Connection) -> bool:
     """Whether the connection's socket holds bytes nobody has read yet (FIONREAD)."""
-    transport = getattr(connection, "transport", None)
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is None:
+    fd = connection.fileno()
+    if fd < 0:
         return False
     try:
-        pending = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        pending = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
     except OSError:
         return False
     return int.from_bytes(pending, sys.byteorder, signed=True) > 0
@@ -212,10 +299,12 @@ def serve(
     timeout_keep_alive: int = 30,
     on_drain: Callable[[], None] | None = None,
     held: list[int] | None = None,
+    connections: list[socket.socket] | None = None,
 ) -> None:
     """Serve `app` on the listening `sock` until a signal; on SIGHUP exec this command line
-    again with `sock` handed over (does not return then). `held`: signals `hold_signals`
-    recorded during start-up."""
+    again with `sock` and the kept-alive connections handed over (does not return then).
+    `held`: signals `hold_signals` recorded during start-up; `connections`: those the
+    process before handed over (sockets.inherited_sockets)."""
     # uvicorn closes the socket it serves on when it stops accepting; this duplicate keeps
     # the listening socket open (and its backlog filling) until the re-exec hands it over.
     keep = os.dup(sock.fileno())
@@ -227,15 +316,19 @@ def serve(
         timeout_graceful_shutdown=max(0, round(drain_s)),
         backlog=sockets.BACKLOG,
         lifespan="on",
+        http=Connection,
     )
     held = held if held is not None else hold_signals()
-    server = PlatformServer(config, on_drain=on_drain, held=held, traffic=traffic)
+    server = PlatformServer(config, on_drain=on_drain, held=held, traffic=traffic, adopt=connections)
     server.run(sockets=[sock])
     if server.restart:
         # From here to the new process's hold_signals, signals wait in the kernel.
         signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
         if not any(sig != signal.SIGHUP for sig in held):  # none came after the server let go
-            log.warning("sandgym serve: re-executing (pid %d) with the listening socket", os.getpid())
-            sockets.reexec(keep)
+            log.warning("sandgym serve: re-executing (pid %d) with the listening socket and %d connection(s)",
+                        os.getpid(), len(server.handed))
+            sockets.reexec(keep, server.handed)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
+    for fd in server.handed:  # a stop after all: these clients reconnect
+        os.close(fd)
     os.close(keep)

@@ -6,16 +6,20 @@
   socket stays open while the server restarts, so a client connecting meanwhile waits in
   the kernel's backlog instead of being refused.
 - **Re-exec** (SIGHUP): the server execs itself in place (same pid) with its socket at fd 3
-  and the same variables set, which is socket activation by itself.
+  and the same variables set, which is socket activation by itself. The client connections
+  it kept open between two requests follow as fds 4, 5, ... (named `connection`), so the new
+  process answers their next requests: no client sees a connection closed.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -27,31 +31,59 @@ class ActivationError(Exception):
     """LISTEN_FDS names a descriptor that is not a listening stream socket."""
 
 
-def inherited_socket(environ: dict[str, str] | None = None) -> socket.socket | None:
-    """The listening socket passed by LISTEN_FDS/LISTEN_PID, or None when none was passed
-    to this process. The variables are removed (as sd_listen_fds does) so children do not
-    take the socket for theirs; the descriptor is made close-on-exec."""
+CONNECTION = "connection"  # LISTEN_FDNAMES entry of a client connection a re-exec hands over
+
+
+class Inherited(NamedTuple):
+    """What the process that started this one passed by LISTEN_FDS: the listening socket,
+    and (after a re-exec) the client connections it kept open between two requests."""
+
+    listener: socket.socket | None
+    connections: list[socket.socket]
+
+
+def inherited_sockets(environ: dict[str, str] | None = None) -> Inherited:
+    """The listening socket passed by LISTEN_FDS/LISTEN_PID (None when none was passed to
+    this process), and the connections a re-exec handed over (named `connection` in
+    LISTEN_FDNAMES). The variables are removed (as sd_listen_fds does) so children do not
+    take the sockets for theirs; the descriptors are made close-on-exec."""
     env = os.environ if environ is None else environ
-    pid, fds = env.get("LISTEN_PID"), env.get("LISTEN_FDS")
+    pid, fds, names = env.get("LISTEN_PID"), env.get("LISTEN_FDS"), env.get("LISTEN_FDNAMES", "")
     for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
         env.pop(name, None)
     if not fds or pid != str(os.getpid()):
-        return None
+        return Inherited(None, [])
     try:
         count = int(fds)
     except ValueError:
         raise ActivationError(f"LISTEN_FDS={fds!r} is not a number") from None
-    if count < 1:
-        return None
-    if count > 1:
-        log.warning("LISTEN_FDS=%d: serving on the first socket (fd %d) only", count, LISTEN_FDS_START)
+    labels = names.split(":") if names else []
+    listener: socket.socket | None = None
+    connections: list[socket.socket] = []
+    for fd in range(LISTEN_FDS_START, LISTEN_FDS_START + max(0, count)):
+        label = labels[fd - LISTEN_FDS_START] if fd - LISTEN_FDS_START < len(labels) else ""
+        if label == CONNECTION:
+            try:
+                conn = socket.socket(fileno=fd)
+            except OSError:  # gone; its client will reconnect
+                continue
+            conn.set_inheritable(False)
+            connections.append(conn)
+        elif listener is None:
+            listener = _listening(fd)
+        else:
+            log.warning("LISTEN_FDS=%d: serving on the first socket (fd %d) only", count, listener.fileno())
+    return Inherited(listener, connections)
+
+
+def _listening(fd: int) -> socket.socket:
     try:
-        sock = socket.socket(fileno=LISTEN_FDS_START)
+        sock = socket.socket(fileno=fd)
     except OSError as exc:
-        raise ActivationError(f"fd {LISTEN_FDS_START} from LISTEN_FDS is not a socket: {exc}") from None
+        raise ActivationError(f"fd {fd} from LISTEN_FDS is not a socket: {exc}") from None
     if sock.type != socket.SOCK_STREAM or not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
         sock.detach()
-        raise ActivationError(f"fd {LISTEN_FDS_START} from LISTEN_FDS is not a listening stream socket")
+        raise ActivationError(f"fd {fd} from LISTEN_FDS is not a listening stream socket")
     sock.set_inheritable(False)
     return sock
 
@@ -78,15 +110,20 @@ def describe(sock: socket.socket) -> str:
     return f"unix:{addr}"
 
 
-def reexec(fd: int, argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> None:
+def reexec(
+    fd: int, connections: Sequence[int] = (), argv: list[str] | None = None, environ: Mapping[str, str] | None = None,
+) -> None:
     """Replace this process (same pid) by a fresh run of the same command line, handing it
-    the listening socket `fd` as fd 3 by the socket-activation protocol. Does not return."""
-    if fd == LISTEN_FDS_START:
-        os.set_inheritable(fd, True)
-    else:
-        os.dup2(fd, LISTEN_FDS_START, inheritable=True)
+    the listening socket `fd` as fd 3 by the socket-activation protocol, and the client
+    `connections` as fds 4, 5, ... (named `connection`). Does not return."""
+    fds = [fd, *connections]
+    # Every source first moves above the target range, so no dup2 onto 3.. closes one.
+    high = [fcntl.fcntl(f, fcntl.F_DUPFD_CLOEXEC, LISTEN_FDS_START + len(fds)) for f in fds]
+    for i, f in enumerate(high):
+        os.dup2(f, LISTEN_FDS_START + i, inheritable=True)
     env = dict(os.environ if environ is None else environ)
-    env.update(LISTEN_FDS="1", LISTEN_PID=str(os.getpid()), LISTEN_FDNAMES="http")
+    env.update(LISTEN_FDS=str(len(fds)), LISTEN_PID=str(os.getpid()),
+               LISTEN_FDNAMES=":".join(["http", *[CONNECTION] * len(connections)]))
     args = list(argv if argv is not None else sys.orig_argv)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -1,9 +1,13 @@
 """What a drain does to kept-alive connections (sandgym/platform/runner.py), on a real
-`runner.serve` process with a tiny streaming app: a response that started before SIGTERM
-(so without `Connection: close`) ends its connection right behind its last byte, while the
-drain still waits for another request. Left open, such a connection turned idle just as its
-client sent the next request, and the drain's later close of it reset that request: the SDK
-raised `Connection reset by peer` on an exec after a re-exec in CI."""
+`runner.serve` process with a tiny streaming app, driven over raw sockets:
+
+- a re-exec (SIGHUP) closes none of them: one idle at the signal and one whose response was
+  under way both carry their next requests to the new process, and stay open after;
+- a stop (SIGTERM) answers a next request on either with `Connection: close` and closes an
+  idle one only once it has been idle for a while, then exits 0.
+
+Closing a connection while its client sends the next request on it resets that request
+(the SDK raised `Connection reset by peer` on an exec after a re-exec in CI)."""
 
 from __future__ import annotations
 
@@ -18,14 +22,13 @@ from .procs import serve_env
 
 APP = textwrap.dedent(
     """
-    import asyncio, socket, sys
+    import asyncio, socket, sys, uuid
     from pathlib import Path
-    from sandgym.platform import runner
+    from sandgym.platform import runner, sockets
 
     gates = Path(sys.argv[1])
-    # Idle connections are closed after the drain's quiet time or the keep-alive timeout;
-    # long ones leave the close behind the response as the only way a connection can end.
-    runner.QUIET_S = 3600.0
+    runner.QUIET_S = float(sys.argv[2])
+    generation = uuid.uuid4().hex[:8].encode()  # a new one after each re-exec
 
     async def app(scope, receive, send):
         if scope["type"] == "lifespan":
@@ -36,18 +39,50 @@ APP = textwrap.dedent(
                     return
         name = scope["path"].strip("/")
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
-        await send({"type": "http.response.body", "body": b"started\\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b"started " + generation + b"\\n", "more_body": True})
         while not (gates / name).exists():  # the test opens the gate
             await asyncio.sleep(0.01)
         await send({"type": "http.response.body", "body": b"done\\n", "more_body": False})
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    print(sock.getsockname()[1], flush=True)
-    runner.serve(app, sock, drain_s=120, timeout_keep_alive=3600, log_level="warning")
+    sock, connections = sockets.inherited_sockets()
+    if sock is None:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        print(sock.getsockname()[1], flush=True)
+    runner.serve(app, sock, drain_s=120, timeout_keep_alive=3600, log_level="warning", connections=connections)
     """
 )
+
+
+class Served:
+    def __init__(self, tmp_path: Path, quiet_s: float) -> None:
+        self.gates = tmp_path / "gates"
+        self.gates.mkdir()
+        self.proc = subprocess.Popen([sys.executable, "-c", APP, str(self.gates), str(quiet_s)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=serve_env())
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.port = int(self.proc.stdout.readline())
+
+    def open(self, name: str) -> None:
+        (self.gates / name).touch()
+
+    def connect(self) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=60)
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` and wait for the drain's first step (connections marked in the same step)."""
+        self.proc.send_signal(sig)
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            if "draining in-flight requests" in line:
+                return
+        raise AssertionError(f"no drain after {sig!r}")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def _read_until(conn: socket.socket, marker: bytes, got: bytes = b"") -> bytes:
@@ -58,39 +93,91 @@ def _read_until(conn: socket.socket, marker: bytes, got: bytes = b"") -> bytes:
     return got
 
 
-def _request(port: int, name: str) -> socket.socket:
-    conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+def _send(conn: socket.socket, name: str) -> None:
     conn.sendall(f"GET /{name} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    head = _read_until(conn, b"started\n")
-    assert b"connection: close" not in head.lower(), head  # started before the drain
-    return conn
 
 
-def test_a_response_in_flight_at_the_drain_ends_its_connection(tmp_path: Path) -> None:
-    gates = tmp_path / "gates"
-    gates.mkdir()
-    proc = subprocess.Popen([sys.executable, "-c", APP, str(gates)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=serve_env())
+def _started(conn: socket.socket) -> tuple[bytes, bytes]:
+    """(head, generation) of a response, read up to its first chunk."""
+    got = _read_until(conn, b"\nstarted ")
+    got = _read_until(conn, b"\r\n", got.split(b"\nstarted ", 1)[1])
+    return got.split(b"\r\n\r\n")[0].lower(), got.split(b"\n", 1)[0].strip()
+
+
+def _finished(conn: socket.socket) -> bytes:
+    body = _read_until(conn, b"0\r\n\r\n")  # the chunked response's end
+    assert b"done\n" in body
+    return body
+
+
+def _answer(conn: socket.socket, name: str) -> tuple[bytes, bytes]:
+    """Send a request whose gate is open; (head, generation) once its response has ended."""
+    _send(conn, name)
+    got = _read_until(conn, b"0\r\n\r\n")
+    head = got.split(b"\r\n\r\n")[0].lower()
+    generation = got.split(b"started ", 1)[1].split(b"\n", 1)[0].strip()
+    return head, generation
+
+
+def test_a_reexec_hands_every_kept_alive_connection_to_the_new_process(tmp_path: Path) -> None:
+    served = Served(tmp_path, quiet_s=1.0)
     try:
-        assert proc.stdout is not None and proc.stderr is not None
-        port = int(proc.stdout.readline())
-        first, second = _request(port, "first"), _request(port, "second")
-        proc.send_signal(signal.SIGTERM)
-        # The log line comes from the same synchronous step that marks busy connections.
-        for line in proc.stderr:
-            if "draining in-flight requests" in line:
-                break
-        (gates / "first").touch()
-        body = _read_until(first, b"0\r\n\r\n")  # the chunked response's end
-        assert b"done\n" in body
-        # The connection is closed right behind it: EOF, though the drain goes on for `second`.
-        assert first.recv(1) == b"", "the connection stayed open after its response"
-        assert proc.poll() is None, "the drain did not wait for the second request"
-        (gates / "second").touch()
-        assert b"done\n" in _read_until(second, b"0\r\n\r\n")
-        assert second.recv(1) == b""
-        assert proc.wait(60) == 0
+        served.open("quick")
+        idle, busy = served.connect(), served.connect()
+        _, first = _answer(idle, "quick")
+        _send(busy, "slow")
+        head, generation = _started(busy)
+        assert generation == first and b"connection: close" not in head
+        served.signal(signal.SIGHUP)
+        # Sent on the idle connection during the drain: it waits in the socket's buffer.
+        _send(idle, "quick")
+        served.open("slow")  # the response under way ends in the old process, without a close
+        _finished(busy)
+        head, after = _answer(busy, "quick")
+        assert after != first and b"connection: close" not in head, (head, after)
+        got = _read_until(idle, b"0\r\n\r\n")
+        assert b"started " + after in got and b"connection: close" not in got.lower(), got
+        assert _answer(served.connect(), "quick")[1] == after  # a new connection, from the backlog
+        for conn in (idle, busy):  # still open, and kept alive by the new process
+            head, generation = _answer(conn, "quick")
+            assert generation == after and b"connection: close" not in head
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        served.close()
+
+
+def test_a_stop_closes_a_kept_alive_connection_only_behind_a_response_or_once_idle(tmp_path: Path) -> None:
+    # Idle connections are closed only after the drain's quiet time (an hour here): until
+    # then their next requests are answered, with `Connection: close`.
+    served = Served(tmp_path, quiet_s=3600.0)
+    try:
+        served.open("quick")
+        idle, busy = served.connect(), served.connect()
+        _, first = _answer(idle, "quick")
+        _send(busy, "slow")
+        _started(busy)
+        served.signal(signal.SIGTERM)
+        served.open("slow")
+        _finished(busy)  # its head said nothing of a close: the connection stays usable
+        for conn in (busy, idle):
+            head, generation = _answer(conn, "quick")
+            assert generation == first and b"connection: close" in head, head
+            assert conn.recv(1) == b""  # closed right behind that response
+        # No connection left: the drain ends long before its bound (120 s).
+        assert served.proc.wait(60) == 0
+    finally:
+        served.close()
+
+
+def test_a_stop_closes_connections_once_idle_for_its_quiet_time(tmp_path: Path) -> None:
+    served = Served(tmp_path, quiet_s=0.5)
+    try:
+        served.open("quick")
+        idle = served.connect()
+        _answer(idle, "quick")
+        served.signal(signal.SIGTERM)
+        assert idle.recv(1) == b""
+        assert served.proc.wait(60) == 0
+    finally:
+        served.close()
