@@ -221,3 +221,34 @@ def test_staged_weights_stop_the_batch_growing_and_serve_the_next() -> None:
     assert isinstance(ra, GenResult) and isinstance(rb, GenResult)
     assert (ra.policy_version, rb.policy_version) == (0, 1)
     assert len(ra.completion_ids) == 10 and len(rb.completion_ids) == 3
+
+
+def test_a_batch_that_fails_answers_each_row_once() -> None:
+    """The model fails after one row of the batch has finished: that row keeps its result,
+    the others get the failure, and no row is answered twice."""
+    engine = _engine()
+    short = GenRequest(prompt_ids=list(b"abc"), max_tokens=2, temperature=0.0, ignore_eos=True)
+    long = GenRequest(prompt_ids=list(b"xyz"), max_tokens=20, temperature=0.0, ignore_eos=True)
+    forward = engine.model.forward
+    runs: list[int] = []
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        runs.append(1)
+        if len(runs) == 3:  # prefill, one decode step, then the step after `short` finished
+            raise RuntimeError("device lost")
+        return forward(*args, **kwargs)
+
+    engine.model.forward = failing  # type: ignore[method-assign]
+    answers: dict[str, list[GenResult | BaseException]] = {"short": [], "long": []}
+    sent = [False]
+
+    def take(wait: bool, limit: int) -> tuple[list[tuple[GenRequest, Any]], bool]:
+        if not sent[0]:
+            sent[0] = True
+            return [(short, answers["short"].append), (long, answers["long"].append)], False
+        return [], wait  # nothing more; the queue closes once the batch is done
+
+    engine.decode_continuously(take)
+    assert len(answers["short"]) == 1 and isinstance(answers["short"][0], GenResult)
+    assert len(answers["short"][0].completion_ids) == 2
+    assert len(answers["long"]) == 1 and isinstance(answers["long"][0], RuntimeError)

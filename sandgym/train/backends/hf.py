@@ -55,6 +55,12 @@ class _Row:
     stops: set[int]
     ids: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
+    answered: bool = False  # a failure of the batch after this row finished is not its answer
+
+    def answer(self, result: GenResult | BaseException) -> None:
+        if not self.answered:
+            self.answered = True
+            self.done(result)
 
 
 @dataclass
@@ -284,7 +290,7 @@ class HFEngine:
         except Exception as exc:
             log.exception("generation failed")
             for row in (batch.rows if batch is not None else []):
-                row.done(exc)
+                row.answer(exc)
             for _, done in items:
                 done(exc)
             return closed
@@ -322,7 +328,7 @@ class HFEngine:
         except Exception as exc:  # these rows only; the batch goes on
             log.exception("prefill failed")
             for r in rows:
-                r.done(exc)
+                r.answer(exc)
             return batch
         new = _Batch(rows, cache, mask, pos[:, -1:], res.logits[:, -1].float())
         return new if batch is None else _merge(batch, new)
@@ -348,8 +354,8 @@ class HFEngine:
             r.ids.append(t)
             r.lps.append(float(lps[i]))
             if t in r.stops or len(r.ids) >= r.req.max_tokens:
-                r.done(GenResult(completion_ids=r.ids, logprobs=r.lps, finish_reason="stop" if t in r.stops else "length",
-                                 policy_version=self.policy_version))
+                r.answer(GenResult(completion_ids=r.ids, logprobs=r.lps, finish_reason="stop" if t in r.stops else "length",
+                                   policy_version=self.policy_version))
             else:
                 keep.append(i)
         if not keep:
