@@ -200,11 +200,12 @@ class DockerExecdTransport(ExecdTransport):
                 "it ran was killed)"
             ) from exc
 
-    async def _call(self, fn: Callable[[], Awaitable[ExecResult]]) -> ExecResult | None:
-        """Run `fn`; None when execd kept refusing the request while the container ran."""
+    async def _call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T | None:
+        """Run `fn`, again while execd refuses it for want of a thread (`busy`) or a
+        connection while the container runs; None when it kept refusing."""
         for attempt in range(_RETRIES):
             try:
-                return await self._survive("exec", fn)
+                return await self._survive(what, fn)
             except ExecdRequestError as exc:
                 if exc.code != "busy":
                     raise
@@ -257,7 +258,7 @@ class DockerExecdTransport(ExecdTransport):
             )
 
         try:
-            res = await self._call(once)
+            res = await self._call("exec", once)
         except ExecdRestartedError:
             await self._sweep([token])  # what it started may still run under init
             raise
@@ -294,20 +295,9 @@ class DockerExecdTransport(ExecdTransport):
             for j, t in zip(jobs, tokens, strict=True)
         ]
         try:
-            for attempt in range(_RETRIES):
-                try:
-                    results = await self._survive(
-                        "batch_exec", lambda: self.client.batch_exec(tagged, parallel=parallel))
-                    break
-                except ExecdRequestError as exc:
-                    if exc.code != "busy" or attempt == _RETRIES - 1:
-                        raise
-                except (ExecdUnresponsiveError, ExecdConnectionLost):
-                    raise
-                except SandboxGoneError:
-                    if attempt == _RETRIES - 1 or not await self._container_running():
-                        raise
-                await anyio.sleep(0.05 * 2**attempt)
+            results = await self._call("batch_exec", lambda: self.client.batch_exec(tagged, parallel=parallel))
+            if results is None:  # unlike one command, a batch is not a program's own failure
+                raise ExecdRequestError("busy", f"execd refused the batch {_RETRIES} times while the container ran")
         except BaseException:
             await self._sweep(tokens)
             raise
