@@ -28,6 +28,7 @@ import fcntl
 import logging
 import math
 import os
+import resource
 import signal
 import socket
 import sys
@@ -251,9 +252,17 @@ class PlatformServer(uvicorn.Server):
                     break
             await asyncio.sleep(0.02)
         if holding:
-            for connection in self._connections():
-                if connection.held and (fd := connection.fileno()) >= 0:
-                    self.handed.append(os.dup(fd))  # outlives uvicorn's close of the transport
+            held = [c for c in self._connections() if c.held and c.fileno() >= 0]
+            room = _handover_room()
+            if len(held) > room:
+                log.warning("sandgym serve: %d kept-alive connections, room for %d in the new process: "
+                            "the others are closed", len(held), room)
+            for connection in held[:room]:
+                try:
+                    self.handed.append(os.dup(connection.fileno()))  # outlives uvicorn's close of the transport
+                except OSError as exc:  # out of descriptors: the rest are closed
+                    log.warning("sandgym serve: cannot hand a connection over: %s", exc)
+                    break
         return loop.time() - start
 
 
@@ -276,6 +285,13 @@ class Traffic:
             await send(message)
 
         await self.app(scope, receive, send_closing)
+
+
+def _handover_room() -> int:
+    """How many connections a re-exec may hand over: each costs two descriptors until the
+    exec (and one after), within the soft limit, leaving the new process room to start."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(0, (soft if soft != resource.RLIM_INFINITY else 1 << 20) // 2 - 128)
 
 
 def _unread(connection: Connection) -> bool:
@@ -327,7 +343,14 @@ def serve(
         if not any(sig != signal.SIGHUP for sig in held):  # none came after the server let go
             log.warning("sandgym serve: re-executing (pid %d) with the listening socket and %d connection(s)",
                         os.getpid(), len(server.handed))
-            sockets.reexec(keep, server.handed)
+            try:
+                sockets.reexec(keep, server.handed)
+            except OSError as exc:  # out of descriptors for the hand-over: the socket alone, then
+                log.warning("sandgym serve: cannot hand the connections over (%s): re-executing without them", exc)
+                for fd in server.handed:
+                    os.close(fd)
+                server.handed = []
+                sockets.reexec(keep)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
     for fd in server.handed:  # a stop after all: these clients reconnect
         os.close(fd)

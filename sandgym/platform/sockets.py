@@ -117,8 +117,16 @@ def reexec(
     the listening socket `fd` as fd 3 by the socket-activation protocol, and the client
     `connections` as fds 4, 5, ... (named `connection`). Does not return."""
     fds = [fd, *connections]
-    # Every source first moves above the target range, so no dup2 onto 3.. closes one.
-    high = [fcntl.fcntl(f, fcntl.F_DUPFD_CLOEXEC, LISTEN_FDS_START + len(fds)) for f in fds]
+    # Every source first moves above the target range, so no dup2 onto 3.. closes one. Out
+    # of descriptors here (OSError), nothing has changed yet.
+    high: list[int] = []
+    try:
+        for f in fds:
+            high.append(fcntl.fcntl(f, fcntl.F_DUPFD_CLOEXEC, LISTEN_FDS_START + len(fds)))
+    except OSError:
+        for f in high:
+            os.close(f)
+        raise
     for i, f in enumerate(high):
         os.dup2(f, LISTEN_FDS_START + i, inheritable=True)
     env = dict(os.environ if environ is None else environ)

@@ -2,7 +2,8 @@
 `runner.serve` process with a tiny streaming app, driven over raw sockets:
 
 - a re-exec (SIGHUP) closes none of them: one idle at the signal and one whose response was
-  under way both carry their next requests to the new process, and stay open after;
+  under way both carry their next requests to the new process, and stay open after (as many
+  as the descriptor limit leaves room for; the rest are closed and the re-exec goes through);
 - a stop (SIGTERM) answers a next request on either with `Connection: close` and closes an
   idle one only once it has been idle for a while, then exits 0.
 
@@ -22,12 +23,14 @@ from .procs import serve_env
 
 APP = textwrap.dedent(
     """
-    import asyncio, socket, sys, uuid
+    import asyncio, resource, socket, sys, uuid
     from pathlib import Path
     from sandgym.platform import runner, sockets
 
     gates = Path(sys.argv[1])
     runner.QUIET_S = float(sys.argv[2])
+    if len(sys.argv) > 3:  # a descriptor limit
+        resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[3]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     generation = uuid.uuid4().hex[:8].encode()  # a new one after each re-exec
 
     async def app(scope, receive, send):
@@ -56,11 +59,11 @@ APP = textwrap.dedent(
 
 
 class Served:
-    def __init__(self, tmp_path: Path, quiet_s: float) -> None:
+    def __init__(self, tmp_path: Path, quiet_s: float, *extra: str) -> None:
         self.gates = tmp_path / "gates"
         self.gates.mkdir()
-        self.proc = subprocess.Popen([sys.executable, "-c", APP, str(self.gates), str(quiet_s)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=serve_env())
+        self.proc = subprocess.Popen([sys.executable, "-c", APP, str(self.gates), str(quiet_s), *extra],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=serve_env())
         assert self.proc.stdout is not None and self.proc.stderr is not None
         self.port = int(self.proc.stdout.readline())
 
@@ -141,6 +144,36 @@ def test_a_reexec_hands_every_kept_alive_connection_to_the_new_process(tmp_path:
         for conn in (idle, busy):  # still open, and kept alive by the new process
             head, generation = _answer(conn, "quick")
             assert generation == after and b"connection: close" not in head
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(60) == 0
+    finally:
+        served.close()
+
+
+def test_a_reexec_hands_over_what_the_descriptor_limit_leaves_room_for(tmp_path: Path) -> None:
+    """300 descriptors leave room for 300 // 2 - 128 = 22 connections: of 30 kept alive, 22
+    go on in the new process and 8 are closed; the re-exec itself goes through."""
+    served = Served(tmp_path, 1.0, "300")
+    try:
+        served.open("quick")
+        conns = [served.connect() for _ in range(30)]
+        first = {_answer(c, "quick")[1] for c in conns}
+        served.signal(signal.SIGHUP)
+        after = _answer(served.connect(), "quick")[1]  # from the backlog, once the new process serves
+        assert after not in first
+        kept = closed = 0
+        for conn in conns:
+            try:
+                _send(conn, "quick")
+                got = conn.recv(65536)
+            except ConnectionError:
+                got = b""
+            if got:
+                kept += 1
+                assert b"started " + after in _read_until(conn, b"0\r\n\r\n", got)
+            else:
+                closed += 1
+        assert (kept, closed) == (22, 8)
         served.proc.send_signal(signal.SIGTERM)
         assert served.proc.wait(60) == 0
     finally:
