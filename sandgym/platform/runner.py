@@ -14,8 +14,10 @@ restarts clients do not notice.
   after it (sockets.py): no connection is closed, so no client can race a close. New
   connections wait in the kernel's backlog, and next requests on handed-over connections in
   their socket buffers; the new process re-adopts the sandboxes before it reads either.
-- SIGTERM / SIGINT during a SIGHUP's drain turn the re-exec into a stop; SIGHUP during a
-  stop's drain is ignored; a second SIGINT cuts the drain short.
+- SIGTERM / SIGINT during a SIGHUP's drain turn the re-exec into a stop, until the drain has
+  ended holding connections: then the re-exec goes on (closing them would reset the requests
+  waiting in them) and the new process stops. SIGHUP during a stop's drain is ignored; a
+  second SIGINT cuts the drain short.
 - No signal is lost across the re-exec: they are blocked before the exec and the new process
   records them from its first line (`hold_signals`) until the server takes them over.
 """
@@ -73,7 +75,7 @@ class Connection(HttpToolsProtocol):
         self.parsing = False  # bytes of a request read, its end not yet
         self.idle_since = time.monotonic()
         self.hold = False  # stop reading as soon as it is between two requests (a re-exec)
-        self.held = False
+        self.paused = False  # reading stopped between two requests
 
     def on_message_begin(self) -> None:
         self.parsing = True
@@ -96,16 +98,22 @@ class Connection(HttpToolsProtocol):
     def stop_reading(self) -> None:
         """Stop reading if between two requests: what the client sends next stays in the
         socket's buffer for whoever holds the socket next."""
-        if self.held or not self.between_requests() or self.transport.is_closing():
+        if self.paused or not self.between_requests() or self.transport.is_closing():
             return
         self.flow.pause_reading()
         self._unset_keepalive_if_required()
-        self.held = True
+        self.paused = True
+
+    @property
+    def held(self) -> bool:
+        """Ready to be handed over: paused between two requests, the last response's bytes
+        all sent (a response cut short would be followed by the next process's answer)."""
+        return self.paused and not self.transport.is_closing() and self.transport.get_write_buffer_size() == 0
 
     def read_again(self) -> None:
         self.hold = False
-        if self.held:
-            self.held = False
+        if self.paused:
+            self.paused = False
             self.flow.resume_reading()
 
     def adopted(self) -> None:
@@ -138,6 +146,8 @@ class PlatformServer(uvicorn.Server):
         self._held = held if held is not None else []
         self._adopt = adopt or []
         self.handed: list[int] = []  # duplicates of the connections a re-exec hands over
+        self.handing = False  # the drain ended holding connections: they go to the new process
+        self.then_stop: list[int] = []  # stop signals that came since: the new process obeys them
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -158,6 +168,12 @@ class PlatformServer(uvicorn.Server):
 
     def _on_signal(self, sig: int, frame: FrameType | None) -> None:
         name = signal.Signals(sig).name
+        if self.handing and sig != signal.SIGHUP:
+            # Closing the connections now would reset the requests waiting unread in them: the
+            # re-exec goes on and the new process, which serves them, stops.
+            log.warning("sandgym serve: %s once the connections were to be handed over: the new process stops", name)
+            self.then_stop.append(sig)
+            return
         if self.should_exit:
             if sig == signal.SIGINT and not self.restart:
                 self.force_exit = True  # a second Ctrl-C: stop waiting for in-flight requests
@@ -229,7 +245,7 @@ class PlatformServer(uvicorn.Server):
             if holding:
                 connection.stop_reading()
         await asyncio.sleep(0.05)  # connections accepted just before the stop get their protocol
-        while loop.time() - start < bound_s:
+        while loop.time() - start < bound_s and not self.force_exit:
             if holding and not self.restart:  # SIGTERM during the re-exec's drain: a stop
                 holding = False
                 if self._traffic is not None:
@@ -241,7 +257,7 @@ class PlatformServer(uvicorn.Server):
                 for connection in connections:
                     connection.hold = True
                     connection.stop_reading()
-                if all(c.held for c in connections):
+                if all(c.held or c.transport.is_closing() for c in connections):
                     break
             else:
                 now = time.monotonic()
@@ -252,7 +268,12 @@ class PlatformServer(uvicorn.Server):
                     break
             await asyncio.sleep(0.02)
         if holding:
+            self.handing = True
+            if not self.restart and self.signal_name is not None:  # a stop came as the loop ended
+                self.then_stop.append(int(signal.Signals[self.signal_name]))
+                self.restart = True
             held = [c for c in self._connections() if c.held and c.fileno() >= 0]
+            log.warning("sandgym serve: handing %d kept-alive connection(s) to the new process", len(held))
             room = _handover_room()
             if len(held) > room:
                 log.warning("sandgym serve: %d kept-alive connections, room for %d in the new process: "
@@ -340,12 +361,15 @@ def serve(
     if server.restart:
         # From here to the new process's hold_signals, signals wait in the kernel.
         signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
-        if not any(sig != signal.SIGHUP for sig in held):  # none came after the server let go
+        stops = server.then_stop + [sig for sig in held if sig != signal.SIGHUP]  # came after the server let go
+        if server.handed or not stops:
+            for sig in stops:  # blocked, so pending across the exec: the new process stops
+                os.kill(os.getpid(), sig)
             log.warning("sandgym serve: re-executing (pid %d) with the listening socket and %d connection(s)",
                         os.getpid(), len(server.handed))
             try:
                 sockets.reexec(keep, server.handed)
-            except OSError as exc:  # out of descriptors for the hand-over: the socket alone, then
+            except sockets.HandOverError as exc:  # out of descriptors: the socket alone, then
                 log.warning("sandgym serve: cannot hand the connections over (%s): re-executing without them", exc)
                 for fd in server.handed:
                     os.close(fd)

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -31,7 +32,14 @@ class ActivationError(Exception):
     """LISTEN_FDS names a descriptor that is not a listening stream socket."""
 
 
-CONNECTION = "connection"  # LISTEN_FDNAMES entry of a client connection a re-exec hands over
+# LISTEN_FDNAMES entry of a client connection a re-exec hands over (not systemd's
+# "connection", which names the one socket of an Accept=yes service).
+CONNECTION = "sandgym-connection"
+
+
+class HandOverError(OSError):
+    """A re-exec could not set the sockets up for the new process (out of descriptors);
+    nothing was changed."""
 
 
 class Inherited(NamedTuple):
@@ -65,7 +73,9 @@ def inherited_sockets(environ: dict[str, str] | None = None) -> Inherited:
         if label == CONNECTION:
             try:
                 conn = socket.socket(fileno=fd)
-            except OSError:  # gone; its client will reconnect
+            except OSError:  # not a socket any more: nothing to serve
+                with contextlib.suppress(OSError):
+                    os.close(fd)
                 continue
             conn.set_inheritable(False)
             connections.append(conn)
@@ -73,6 +83,10 @@ def inherited_sockets(environ: dict[str, str] | None = None) -> Inherited:
             listener = _listening(fd)
         else:
             log.warning("LISTEN_FDS=%d: serving on the first socket (fd %d) only", count, listener.fileno())
+    if listener is None and count > 0:
+        for conn in connections:
+            conn.close()
+        raise ActivationError(f"LISTEN_FDS={count} passed no listening socket (LISTEN_FDNAMES={names!r})")
     return Inherited(listener, connections)
 
 
@@ -123,10 +137,10 @@ def reexec(
     try:
         for f in fds:
             high.append(fcntl.fcntl(f, fcntl.F_DUPFD_CLOEXEC, LISTEN_FDS_START + len(fds)))
-    except OSError:
+    except OSError as exc:
         for f in high:
             os.close(f)
-        raise
+        raise HandOverError(exc.errno, f"cannot hand {len(fds)} sockets over: {exc.strerror}") from exc
     for i, f in enumerate(high):
         os.dup2(f, LISTEN_FDS_START + i, inheritable=True)
     env = dict(os.environ if environ is None else environ)

@@ -8,7 +8,9 @@
   idle one only once it has been idle for a while, then exits 0.
 
 Closing a connection while its client sends the next request on it resets that request
-(the SDK raised `Connection reset by peer` on an exec after a re-exec in CI)."""
+(the SDK raised `Connection reset by peer` on an exec after a re-exec in CI). Also: a stop
+signal once the connections are being handed over (the new process obeys it), a response
+still being sent, the descriptor limit, and how passed sockets are told apart by name."""
 
 from __future__ import annotations
 
@@ -37,10 +39,17 @@ APP = textwrap.dedent(
         if scope["type"] == "lifespan":
             while True:
                 kind = (await receive())["type"]
+                if kind == "lifespan.shutdown" and (gates / "hold-shutdown").exists():
+                    while not (gates / "shutdown").exists():  # the test opens the gate
+                        await asyncio.sleep(0.01)
                 await send({"type": kind + ".complete"})
                 if kind == "lifespan.shutdown":
                     return
         name = scope["path"].strip("/")
+        if name == "big":  # 8 MiB in one piece: more than the socket buffers hold
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"8388608")]})
+            await send({"type": "http.response.body", "body": b"b" * 8388608})
+            return
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": b"started " + generation + b"\\n", "more_body": True})
         while not (gates / name).exists():  # the test opens the gate
@@ -73,14 +82,18 @@ class Served:
     def connect(self) -> socket.socket:
         return socket.create_connection(("127.0.0.1", self.port), timeout=60)
 
-    def signal(self, sig: int) -> None:
-        """Send `sig` and wait for the drain's first step (connections marked in the same step)."""
+    def signal(self, sig: int, then: str = "draining in-flight requests") -> None:
+        """Send `sig` and wait for the log line `then` (by default the drain's first step,
+        which marks the connections in the same step)."""
         self.proc.send_signal(sig)
+        self.wait_log(then)
+
+    def wait_log(self, text: str) -> None:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
-            if "draining in-flight requests" in line:
+            if text in line:
                 return
-        raise AssertionError(f"no drain after {sig!r}")
+        raise AssertionError(f"no {text!r} in the log")
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -150,6 +163,55 @@ def test_a_reexec_hands_every_kept_alive_connection_to_the_new_process(tmp_path:
         served.close()
 
 
+def test_a_response_still_being_sent_is_sent_whole_before_its_connection_is_handed_over(tmp_path: Path) -> None:
+    """The app has written all of a big response, most of it still in the old process's
+    buffers while the client is slow to read: the client gets all of it, then the new
+    process's answer on the same connection (the drain hands a connection over only once its
+    last byte is sent)."""
+    served = Served(tmp_path, 1.0)
+    try:
+        served.open("quick")
+        conn = served.connect()
+        _, first = _answer(conn, "quick")
+        _send(conn, "big")
+        head = _read_until(conn, b"\r\n\r\n")  # and nothing more for now
+        served.signal(signal.SIGHUP)
+        body = head.split(b"\r\n\r\n", 1)[1]
+        while len(body) < 8388608:
+            chunk = conn.recv(1 << 20)
+            assert chunk, f"the response was cut at {len(body)} bytes"
+            body += chunk
+        assert body == b"b" * 8388608
+        assert _answer(conn, "quick")[1] not in (first, b"")  # the new process, on the same connection
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(60) == 0
+    finally:
+        served.close()
+
+
+def test_a_stop_once_the_connections_are_being_handed_over_is_obeyed_by_the_new_process(tmp_path: Path) -> None:
+    """SIGTERM after the re-exec's drain has decided to hand the connections over: closing
+    them would reset what their clients sent meanwhile, so the re-exec goes on, the new
+    process answers that request (with `Connection: close`) and stops."""
+    served = Served(tmp_path, 1.0)
+    try:
+        served.open("quick")
+        (served.gates / "hold-shutdown").touch()  # the old process's shutdown waits for the test
+        conn = served.connect()
+        _, first = _answer(conn, "quick")
+        served.signal(signal.SIGHUP, then="handing 1 kept-alive connection(s)")
+        _send(conn, "quick")  # waits unread in the held connection
+        served.proc.send_signal(signal.SIGTERM)
+        served.wait_log("the new process stops")
+        (served.gates / "shutdown").touch()
+        got = _read_until(conn, b"0\r\n\r\n")
+        assert b"connection: close" in got.lower() and b"started " + first not in got, got
+        assert conn.recv(1) == b""
+        assert served.proc.wait(60) == 0
+    finally:
+        served.close()
+
+
 def test_a_reexec_hands_over_what_the_descriptor_limit_leaves_room_for(tmp_path: Path) -> None:
     """300 descriptors leave room for 300 // 2 - 128 = 22 connections: of 30 kept alive, 22
     go on in the new process and 8 are closed; the re-exec itself goes through."""
@@ -214,3 +276,47 @@ def test_a_stop_closes_connections_once_idle_for_its_quiet_time(tmp_path: Path) 
         assert served.proc.wait(60) == 0
     finally:
         served.close()
+
+
+CHILD = textwrap.dedent(
+    """
+    import os, sys
+    from sandgym.platform import sockets
+
+    for target, fd in enumerate(map(int, sys.argv[1].split(",")), start=3):
+        os.dup2(fd, target)
+    os.environ.update(LISTEN_FDS=sys.argv[2], LISTEN_FDNAMES=sys.argv[3], LISTEN_PID=str(os.getpid()))
+    try:
+        listener, connections = sockets.inherited_sockets()
+    except sockets.ActivationError as exc:
+        print("ActivationError:", exc)
+    else:
+        print(listener is not None, len(connections))
+    """
+)
+
+
+def test_passed_sockets_are_told_apart_by_name() -> None:
+    """A re-exec's listener and connections; systemd's socket unit (the listener under the
+    unit's name, or no names); and systemd's `Accept=yes` (one connected socket, named
+    `connection`), which is refused: a server needs a listener."""
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(4)
+    a, b = socket.socketpair()
+    try:
+        def child(fds: list[socket.socket], names: str) -> str:
+            nums = [s.fileno() for s in fds]
+            out = subprocess.run([sys.executable, "-c", CHILD, ",".join(map(str, nums)), str(len(nums)), names],
+                                 pass_fds=nums, capture_output=True, text=True, env=serve_env(), timeout=60)
+            assert out.returncode == 0, out.stderr
+            return out.stdout.strip()
+
+        assert child([listening, a], "http:sandgym-connection") == "True 1"
+        assert child([listening], "sandgym-serve.socket") == "True 0"
+        assert child([listening], "") == "True 0"
+        assert child([a], "connection").startswith("ActivationError")
+        assert child([a], "sandgym-connection").startswith("ActivationError")  # connections without a listener
+    finally:
+        for sock in (listening, a, b):
+            sock.close()
