@@ -226,6 +226,20 @@ class PlatformServer(uvicorn.Server):
     def _connections(self) -> list[Connection]:
         return [c for c in list(self.server_state.connections) if isinstance(c, Connection)]
 
+    @staticmethod
+    def _hold(connections: list[Connection]) -> None:
+        """A re-exec: each connection stops being read once between two requests."""
+        for connection in connections:
+            connection.hold = True
+            connection.stop_reading()
+
+    def _stop_holding(self) -> None:
+        """A stop: responses say `Connection: close`, and held connections are read again."""
+        if self._traffic is not None:
+            self._traffic.draining = True
+        for connection in self._connections():
+            connection.read_again()
+
     async def _drain(self, bound_s: float) -> float:
         """Before uvicorn's own shutdown (which closes every idle connection at once and cuts
         what still runs), at most `bound_s`; returns the time spent.
@@ -238,25 +252,18 @@ class PlatformServer(uvicorn.Server):
         loop = asyncio.get_running_loop()
         start = loop.time()
         holding = self.restart
-        if not holding and self._traffic is not None:
-            self._traffic.draining = True
-        for connection in self._connections():
-            connection.hold = holding
-            if holding:
-                connection.stop_reading()
+        if holding:
+            self._hold(self._connections())
+        else:
+            self._stop_holding()
         await asyncio.sleep(0.05)  # connections accepted just before the stop get their protocol
         while loop.time() - start < bound_s and not self.force_exit:
             if holding and not self.restart:  # SIGTERM during the re-exec's drain: a stop
                 holding = False
-                if self._traffic is not None:
-                    self._traffic.draining = True
-                for connection in self._connections():
-                    connection.read_again()
+                self._stop_holding()
             connections = self._connections()
             if holding:
-                for connection in connections:
-                    connection.hold = True
-                    connection.stop_reading()
+                self._hold(connections)  # also those accepted since
                 if all(c.held or c.transport.is_closing() for c in connections):
                     break
             else:

@@ -7,7 +7,7 @@
   the kernel's backlog instead of being refused.
 - **Re-exec** (SIGHUP): the server execs itself in place (same pid) with its socket at fd 3
   and the same variables set, which is socket activation by itself. The client connections
-  it kept open between two requests follow as fds 4, 5, ... (named `connection`), so the new
+  it kept open between two requests follow as fds 4, 5, ... (named CONNECTION), so the new
   process answers their next requests: no client sees a connection closed.
 """
 
@@ -52,7 +52,7 @@ class Inherited(NamedTuple):
 
 def inherited_sockets(environ: dict[str, str] | None = None) -> Inherited:
     """The listening socket passed by LISTEN_FDS/LISTEN_PID (None when none was passed to
-    this process), and the connections a re-exec handed over (named `connection` in
+    this process), and the connections a re-exec handed over (named CONNECTION in
     LISTEN_FDNAMES). The variables are removed (as sd_listen_fds does) so children do not
     take the sockets for theirs; the descriptors are made close-on-exec."""
     env = os.environ if environ is None else environ
@@ -129,7 +129,7 @@ def reexec(
 ) -> None:
     """Replace this process (same pid) by a fresh run of the same command line, handing it
     the listening socket `fd` as fd 3 by the socket-activation protocol, and the client
-    `connections` as fds 4, 5, ... (named `connection`). Does not return."""
+    `connections` as fds 4, 5, ... (named CONNECTION). Does not return."""
     fds = [fd, *connections]
     # Every source first moves above the target range, so no dup2 onto 3.. closes one. Out
     # of descriptors here (OSError), nothing has changed yet.

@@ -95,7 +95,15 @@ class Served:
                 return
         raise AssertionError(f"no {text!r} in the log")
 
-    def close(self) -> None:
+    def stop(self) -> int:
+        """SIGTERM; the exit status."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(60)
+
+    def __enter__(self) -> Served:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
@@ -136,8 +144,7 @@ def _answer(conn: socket.socket, name: str) -> tuple[bytes, bytes]:
 
 
 def test_a_reexec_hands_every_kept_alive_connection_to_the_new_process(tmp_path: Path) -> None:
-    served = Served(tmp_path, quiet_s=1.0)
-    try:
+    with Served(tmp_path, quiet_s=1.0) as served:
         served.open("quick")
         idle, busy = served.connect(), served.connect()
         _, first = _answer(idle, "quick")
@@ -157,10 +164,7 @@ def test_a_reexec_hands_every_kept_alive_connection_to_the_new_process(tmp_path:
         for conn in (idle, busy):  # still open, and kept alive by the new process
             head, generation = _answer(conn, "quick")
             assert generation == after and b"connection: close" not in head
-        served.proc.send_signal(signal.SIGTERM)
-        assert served.proc.wait(60) == 0
-    finally:
-        served.close()
+        assert served.stop() == 0
 
 
 def test_a_response_still_being_sent_is_sent_whole_before_its_connection_is_handed_over(tmp_path: Path) -> None:
@@ -168,8 +172,7 @@ def test_a_response_still_being_sent_is_sent_whole_before_its_connection_is_hand
     buffers while the client is slow to read: the client gets all of it, then the new
     process's answer on the same connection (the drain hands a connection over only once its
     last byte is sent)."""
-    served = Served(tmp_path, 1.0)
-    try:
+    with Served(tmp_path, 1.0) as served:
         served.open("quick")
         conn = served.connect()
         _, first = _answer(conn, "quick")
@@ -183,18 +186,14 @@ def test_a_response_still_being_sent_is_sent_whole_before_its_connection_is_hand
             body += chunk
         assert body == b"b" * 8388608
         assert _answer(conn, "quick")[1] not in (first, b"")  # the new process, on the same connection
-        served.proc.send_signal(signal.SIGTERM)
-        assert served.proc.wait(60) == 0
-    finally:
-        served.close()
+        assert served.stop() == 0
 
 
 def test_a_stop_once_the_connections_are_being_handed_over_is_obeyed_by_the_new_process(tmp_path: Path) -> None:
     """SIGTERM after the re-exec's drain has decided to hand the connections over: closing
     them would reset what their clients sent meanwhile, so the re-exec goes on, the new
     process answers that request (with `Connection: close`) and stops."""
-    served = Served(tmp_path, 1.0)
-    try:
+    with Served(tmp_path, 1.0) as served:
         served.open("quick")
         (served.gates / "hold-shutdown").touch()  # the old process's shutdown waits for the test
         conn = served.connect()
@@ -208,15 +207,12 @@ def test_a_stop_once_the_connections_are_being_handed_over_is_obeyed_by_the_new_
         assert b"connection: close" in got.lower() and b"started " + first not in got, got
         assert conn.recv(1) == b""
         assert served.proc.wait(60) == 0
-    finally:
-        served.close()
 
 
 def test_a_reexec_hands_over_what_the_descriptor_limit_leaves_room_for(tmp_path: Path) -> None:
     """300 descriptors leave room for 300 // 2 - 128 = 22 connections: of 30 kept alive, 22
     go on in the new process and 8 are closed; the re-exec itself goes through."""
-    served = Served(tmp_path, 1.0, "300")
-    try:
+    with Served(tmp_path, 1.0, "300") as served:
         served.open("quick")
         conns = [served.connect() for _ in range(30)]
         first = {_answer(c, "quick")[1] for c in conns}
@@ -236,17 +232,13 @@ def test_a_reexec_hands_over_what_the_descriptor_limit_leaves_room_for(tmp_path:
             else:
                 closed += 1
         assert (kept, closed) == (22, 8)
-        served.proc.send_signal(signal.SIGTERM)
-        assert served.proc.wait(60) == 0
-    finally:
-        served.close()
+        assert served.stop() == 0
 
 
 def test_a_stop_closes_a_kept_alive_connection_only_behind_a_response_or_once_idle(tmp_path: Path) -> None:
     # Idle connections are closed only after the drain's quiet time (an hour here): until
     # then their next requests are answered, with `Connection: close`.
-    served = Served(tmp_path, quiet_s=3600.0)
-    try:
+    with Served(tmp_path, quiet_s=3600.0) as served:
         served.open("quick")
         idle, busy = served.connect(), served.connect()
         _, first = _answer(idle, "quick")
@@ -261,21 +253,16 @@ def test_a_stop_closes_a_kept_alive_connection_only_behind_a_response_or_once_id
             assert conn.recv(1) == b""  # closed right behind that response
         # No connection left: the drain ends long before its bound (120 s).
         assert served.proc.wait(60) == 0
-    finally:
-        served.close()
 
 
 def test_a_stop_closes_connections_once_idle_for_its_quiet_time(tmp_path: Path) -> None:
-    served = Served(tmp_path, quiet_s=0.5)
-    try:
+    with Served(tmp_path, quiet_s=0.5) as served:
         served.open("quick")
         idle = served.connect()
         _answer(idle, "quick")
         served.signal(signal.SIGTERM)
         assert idle.recv(1) == b""
         assert served.proc.wait(60) == 0
-    finally:
-        served.close()
 
 
 CHILD = textwrap.dedent(
