@@ -12,7 +12,7 @@ HTTP stack.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -37,6 +37,13 @@ class GenResult:
     # The weights that produced it: the number of optimizer steps applied to them (the
     # server returns it as `policy_version` on each choice; None where unknown).
     policy_version: int | None = None
+
+
+# How a queued request is answered: its result, or the error that ended it.
+Done = Callable[[GenResult | BaseException], None]
+# How an engine that batches continuously takes queued requests (RequestBatcher.take):
+# (wait for the first?, at most how many) -> (requests with their Done, whether the queue closed).
+Take = Callable[[bool, int], tuple[list[tuple[GenRequest, Done]], bool]]
 
 
 # What update_weights takes: the trainer's module, or a full (unsharded) state dict, e.g. the

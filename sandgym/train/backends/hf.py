@@ -27,13 +27,13 @@ import contextlib
 import copy
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from sandgym.train.backends.base import GenRequest, GenResult, Weights, state_of
+from sandgym.train.backends.base import Done, GenRequest, GenResult, Take, Weights, state_of
 from sandgym.train.backends.openai_server import OpenAIServer
 
 if TYPE_CHECKING:
@@ -41,9 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Done = Callable[[GenResult | BaseException], None]
-# What the server's queue hands the engine: (requests with their callbacks, whether it closed).
-Take = Callable[[bool, int], tuple[list[tuple[GenRequest, Done]], bool]]
 
 
 @dataclass

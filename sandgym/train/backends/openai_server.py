@@ -27,10 +27,9 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
-from sandgym.train.backends.base import GenRequest, GenResult, InferenceEngine
+from sandgym.train.backends.base import Done, GenRequest, GenResult, InferenceEngine
 from sandgym.uvicorn_thread import UvicornThread
 
 log = logging.getLogger(__name__)
@@ -45,21 +44,21 @@ class RequestBatcher:
     def __init__(self, engine: InferenceEngine, window_s: float = 0.005) -> None:
         self.engine = engine
         self.window_s = window_s
-        self.q: queue.Queue[tuple[GenRequest, Callable[[GenResult | BaseException], None]] | None] = queue.Queue()
+        self.q: queue.Queue[tuple[GenRequest, Done] | None] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="sandgym-engine", daemon=True)
         self.thread.start()
 
-    def submit(self, req: GenRequest, done: Callable[[GenResult | BaseException], None]) -> None:
+    def submit(self, req: GenRequest, done: Done) -> None:
         self.q.put((req, done))
 
     def close(self) -> None:
         self.q.put(None)
         self.thread.join(timeout=30)
 
-    def take(self, wait: bool, limit: int) -> tuple[list[tuple[GenRequest, Callable[[GenResult | BaseException], None]]], bool]:
+    def take(self, wait: bool, limit: int) -> tuple[list[tuple[GenRequest, Done]], bool]:
         """Up to `limit` queued requests and whether the queue closed. With `wait`: blocks
         for the first, then takes what arrives within `window_s`; without: what is there."""
-        batch: list[tuple[GenRequest, Callable[[GenResult | BaseException], None]]] = []
+        batch: list[tuple[GenRequest, Done]] = []
         if wait:
             first = self.q.get()
             if first is None:
