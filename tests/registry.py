@@ -26,16 +26,17 @@ def free_port() -> int:
 
 
 @contextmanager
-def local_registry(d: Path, *, htpasswd: Path | None = None) -> Iterator[str]:
-    """Serve a registry with its storage under `d`; yields `127.0.0.1:PORT`. With
-    `htpasswd`, pulls and pushes need those credentials."""
+def local_registry(d: Path, *, htpasswd: Path | None = None, storage: Path | None = None) -> Iterator[str]:
+    """Serve a registry with its storage under `d` (or in `storage`, which the caller owns and
+    may share between registries); yields `127.0.0.1:PORT`. With `htpasswd`, pulls and pushes
+    need those credentials."""
     require("registry")
     d.mkdir(parents=True, exist_ok=True)
     port = free_port()
     conf = [
         "version: 0.1",
         "log: {level: warn}",
-        f"storage: {{filesystem: {{rootdirectory: {d / 'data'}}}, delete: {{enabled: true}}}}",
+        f"storage: {{filesystem: {{rootdirectory: {storage or d / 'data'}}}, delete: {{enabled: true}}}}",
         f"http: {{addr: 127.0.0.1:{port}}}",
     ]
     if htpasswd is not None:

@@ -50,8 +50,7 @@ def register(app: typer.Typer) -> None:
         from sandgym.train.checkpoints import checkpoint_step, latest_checkpoint
         from sandgym.train.config import TrainConfig
         from sandgym.train.folder import METRICS
-        from sandgym.train.launch import launch, torchrun_env, train_rank
-        from sandgym.train.trainer import Trainer
+        from sandgym.train.launch import torchrun_env
 
         show_tracebacks(verbose)
         console = rich_logging(verbose)
@@ -74,7 +73,10 @@ def register(app: typer.Typer) -> None:
                 )
             return
 
-        # Checked above while the config was read: nothing is built before this point.
+        # Checked above while the config was read: nothing is built (or torch imported) before this point.
+        from sandgym.train.launch import launch, train_rank
+        from sandgym.train.trainer import Trainer
+
         world = cfg.distributed.nproc
         if ranks is not None:
             rank, world, local = ranks

@@ -57,7 +57,7 @@ def read_config(read: Callable[[Path, dict[str, Any]], C], path: Path, overrides
     from pydantic import ValidationError
 
     from sandgym.cli.errors import format_validation_error
-    from sandgym.train.loss import ConfigError
+    from sandgym.train.config import ConfigError
 
     try:
         return read(path, overrides)

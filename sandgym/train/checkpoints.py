@@ -13,12 +13,13 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from sandgym.errors import UserError
 from sandgym.train.folder import CHECKPOINTS
+
+if TYPE_CHECKING:  # torch is imported where tensors are saved or loaded: finding a checkpoint
+    import torch  # (the CLI's finished-run check) needs none
 
 STATE_FILE = "trainer_state.pt"
 STEP_PREFIX = "step_"
@@ -53,6 +54,8 @@ def write_checkpoint(out: str | Path, step: int, state: Mapping[str, Any], keep:
     tmp = root / f".tmp_{final.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    import torch
+
     torch.save(dict(state), tmp / STATE_FILE)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -76,6 +79,8 @@ def find_checkpoint(path: str | Path) -> Path:
 
 def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     ck = find_checkpoint(path)
+    import torch
+
     state = torch.load(ck / STATE_FILE, map_location=map_location, weights_only=False)
     if not isinstance(state, dict) or "model" not in state:
         raise UserError(f"{ck / STATE_FILE} is not a sandgym checkpoint (no model weights)")

@@ -13,13 +13,62 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sandgym.train.loss import ConfigError, LossConfig
+from sandgym.errors import UserError
 
 
 class Strict(BaseModel):
     """A config section: a key it does not know is refused."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+Normalization = Literal["token", "sequence", "constant"]
+PolicyLoss = Literal["ppo", "gspo", "cispo"]
+ISCorrection = Literal["none", "tis", "mis", "reject"]
+ISLevel = Literal["token", "sequence", "geometric"]
+
+
+class ConfigError(UserError):
+    """A training configuration whose options cannot work together; the message names the
+    key. Raised while the config is read (not a ValueError: pydantic lets it through
+    unwrapped, and the CLI prints it as one line)."""
+
+
+class LossConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    policy_loss: PolicyLoss = "ppo"
+    eps_low: float = Field(0.2, ge=0.0)
+    eps_high: float = Field(0.28, ge=0.0)  # DAPO's clip-higher default
+    # GSPO's sequence ratios sit much closer to 1 than token ratios: the paper's bounds.
+    gspo_eps_low: float = Field(3e-4, ge=0.0)
+    gspo_eps_high: float = Field(4e-4, ge=0.0)
+    cispo_eps_high: float = Field(4.0, gt=0.0)  # CISPO weight cap 1 + eps (no lower bound)
+    normalization: Normalization = "token"
+    constant_length: int = Field(1024, gt=0)  # Dr. GRPO's fixed denominator per sequence
+    kl_beta: float = Field(0.0, ge=0.0)
+    is_correction: ISCorrection = "none"
+    is_level: ISLevel = "token"
+    is_low: float = Field(0.0, ge=0.0)  # mis / reject lower bound on rho
+    is_high: float = Field(2.0, gt=0.0)  # tis cap; mis / reject upper bound
+    scale_advantages_by_std: bool = True
+    advantage_eps: float = Field(1e-6, gt=0.0)
+
+    @model_validator(mode="after")
+    def _compatible(self) -> LossConfig:
+        if self.policy_loss == "gspo" and self.normalization != "sequence":
+            raise ConfigError(
+                f"loss.normalization = {self.normalization!r} conflicts with loss.policy_loss = 'gspo': GSPO's "
+                "sequence-level ratio gives one term per sequence; set loss.normalization = 'sequence'"
+            )
+        if self.policy_loss == "gspo" and self.is_correction != "none" and self.is_level == "token":
+            raise ConfigError(
+                "loss.is_level = 'token' conflicts with loss.policy_loss = 'gspo' (a per-token weight inside a "
+                "sequence-level ratio); use loss.is_level = 'sequence' or 'geometric'"
+            )
+        if self.is_correction in ("mis", "reject") and self.is_low >= self.is_high:
+            raise ConfigError(f"loss.is_low ({self.is_low}) must be below loss.is_high ({self.is_high})")
+        return self
 
 
 class TinyModelConfig(Strict):

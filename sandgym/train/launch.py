@@ -10,11 +10,10 @@ import os
 import socket
 from collections.abc import Callable
 
-import torch
-
 from sandgym.train.config import TrainConfig
-from sandgym.train.distributed import init
-from sandgym.train.trainer import Trainer
+
+# torch, the process group and the trainer are imported by the functions that run ranks:
+# `sandgym train` reads torchrun's environment and refuses a bad config before any of them.
 
 
 def train_rank(
@@ -29,6 +28,9 @@ def train_rank(
     `sandgym train`, `launch` and a Ray placement call). `on_step` is called on rank 0 only.
     Returns the metrics history on rank 0, [] elsewhere."""
     import torch.distributed as dist
+
+    from sandgym.train.distributed import init
+    from sandgym.train.trainer import Trainer
 
     cfg = cfg.model_copy(update={"distributed": cfg.distributed.model_copy(update={"nproc": world_size})})
     d = init(rank, world_size, local_rank, init_method, cfg.distributed.backend, cfg.model.device, cfg.distributed.timeout_s)
@@ -47,6 +49,8 @@ def free_port() -> int:
 
 
 def _worker(local_rank: int, cfg_json: str, nproc: int, init_method: str, on_step: Callable[[dict[str, float]], None] | None, threads: int) -> None:
+    import torch
+
     torch.set_num_threads(threads)
     cfg = TrainConfig.model_validate_json(cfg_json)
     train_rank(cfg, local_rank, nproc, local_rank=local_rank, init_method=init_method, on_step=on_step)
@@ -56,6 +60,7 @@ def launch(cfg: TrainConfig, nproc: int, on_step: Callable[[dict[str, float]], N
     """Start `nproc` ranks on this machine (spawned processes, a rendezvous on 127.0.0.1) and
     wait for them. `on_step` must be picklable (a module-level function); rank 0 calls it.
     CPU threads are split between the ranks."""
+    import torch
     import torch.multiprocessing as mp
 
     threads = max(1, (os.cpu_count() or 1) // nproc) if not torch.cuda.is_available() else torch.get_num_threads()

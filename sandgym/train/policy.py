@@ -23,7 +23,7 @@ import torch
 
 from sandgym.train.attention import pick_kernel, use_varlen
 from sandgym.train.batch import MicroBatch, Sequence, pack
-from sandgym.train.config import ModelConfig, OptimConfig
+from sandgym.train.config import LossConfig, ModelConfig, OptimConfig
 from sandgym.train.distributed import (
     SINGLE,
     Dist,
@@ -35,7 +35,7 @@ from sandgym.train.distributed import (
     shard_model,
 )
 from sandgym.train.logprobs import decoder, packed_logprobs, pick_head_kernel
-from sandgym.train.loss import LossConfig, StepNormalizer, grpo_loss
+from sandgym.train.loss import StepNormalizer, grpo_loss
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

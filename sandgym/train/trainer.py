@@ -50,10 +50,9 @@ from sandgym.core.stats import group_advantages
 from sandgym.train.backends.base import InferenceBackend
 from sandgym.train.batch import PrefixMismatchError, Sequence, states_to_sequences
 from sandgym.train.checkpoints import STATE_FILE, latest_checkpoint, write_checkpoint
-from sandgym.train.config import TrainConfig
+from sandgym.train.config import ConfigError, TrainConfig
 from sandgym.train.distributed import SINGLE, Dist, rank_device
 from sandgym.train.folder import CONFIG, METRICS, PLOT, SAMPLES
-from sandgym.train.loss import ConfigError
 from sandgym.train.pipeline import ReadyGroup, RolloutPipeline
 from sandgym.train.policy import PolicyTrainer, autocast_dtype
 from sandgym.train.rollout_source import RolloutSource

@@ -102,6 +102,16 @@ def test_a_commands_own_verbose_flag_shows_the_traceback_too(configs: Path) -> N
     assert proc.returncode == 2 and "TOMLDecodeError" in proc.stderr
 
 
+def test_a_bad_training_config_is_refused_before_torch_is_imported(configs: Path) -> None:
+    """Reading and checking the config needs no torch (seconds to import): the refusal is at once."""
+    code = "import atexit, sys\natexit.register(lambda: print('torch' in sys.modules))\nfrom sandgym.cli import main\nmain()"
+    for bad in (["train", str(configs / "bad_value.toml")], ["train", "examples/toy.toml", "--set", "optim.nope=3"]):
+        proc = subprocess.run([sys.executable, "-c", code, *bad], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stderr
+        assert proc.stdout.strip() == "False", proc.stdout
+
+
 def test_a_bug_keeps_its_traceback_and_exit_1(configs: Path) -> None:
     proc = sandgym("eval", "crashing_env", "--policy", "oracle", tmp_path=configs)
     assert proc.returncode == 1

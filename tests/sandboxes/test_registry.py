@@ -46,13 +46,20 @@ def _bcrypt_htpasswd(path: Path) -> None:
     path.write_text(out)
 
 
+@pytest.fixture(scope="module")
+def storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One storage for both registries: an image pushed through one is served by the other
+    (pushing means compressing every layer of it)."""
+    return tmp_path_factory.mktemp("registry-storage")
+
+
 @pytest.fixture(scope="module", params=["open", "htpasswd"])
-def registry(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+def registry(request: pytest.FixtureRequest, storage: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     d = tmp_path_factory.mktemp(f"registry-{request.param}")
     auth = request.param == "htpasswd"
     if auth:
         _bcrypt_htpasswd(d / "htpasswd")
-    with local_registry(d, htpasswd=d / "htpasswd" if auth else None) as host:
+    with local_registry(d, htpasswd=d / "htpasswd" if auth else None, storage=storage) as host:
         yield Registry(host, auth)
 
 
@@ -92,21 +99,25 @@ async def provider(docker_config: Path) -> AsyncIterator[DockerProvider]:
 
 
 @pytest.fixture(scope="module")
-def pushed(provider: DockerProvider, registry: Registry) -> Iterator[str]:
-    """A unique image, built locally, pushed to the registry, then removed locally."""
+def pushed(provider: DockerProvider, registry: Registry, storage: Path) -> Iterator[str]:
+    """A unique image, built locally, in the registry's storage (pushed through the first
+    registry that needs it), then removed locally."""
     ref = registry.ref("pulled")
     client = provider.client
-    client.images.build(
-        # 3 MB of random bytes: a layer big enough for the engine to report its download
-        fileobj=io.BytesIO(f"FROM sandgym/python:latest\nRUN echo {RUN} > /home/sandbox/marker && "
-                           "head -c 3000000 /dev/urandom > /home/sandbox/blob\n".encode()),
-        tag=ref, rm=True, network_mode="none",
-    )
-    auth = {"username": USER, "password": PASSWORD} if registry.auth else None
     repo, tag = ref.rsplit(":", 1)
-    for line in client.api.push(repo, tag=tag, stream=True, decode=True, auth_config=auth):
-        assert "error" not in line, line
-    client.images.remove(ref, force=True)
+    if not any(storage.glob(f"docker/registry/v2/repositories/sandgym-test/pulled/_manifests/tags/{tag}")):
+        client.images.build(
+            # sandgym/base: the smallest image with python3 (execd). 3 MB of random bytes: a
+            # layer big enough for the engine to report its download.
+            fileobj=io.BytesIO(f"FROM sandgym/base:latest\nRUN mkdir -p /home/sandbox && echo {RUN} > /home/sandbox/marker && "
+                               "head -c 3000000 /dev/urandom > /home/sandbox/blob\n".encode()),
+            tag=ref, rm=True, network_mode="none",
+        )
+        auth = {"username": USER, "password": PASSWORD} if registry.auth else None
+        for line in client.api.push(repo, tag=tag, stream=True, decode=True, auth_config=auth):
+            assert "error" not in line, line
+    if _present(provider, ref):
+        client.images.remove(ref, force=True)
     try:
         yield ref
     finally:

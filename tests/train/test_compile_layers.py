@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from sandgym.models.tiny import tiny_qwen2
-from sandgym.train.config import ModelConfig, OptimConfig, TrainConfig
-from sandgym.train.loss import ConfigError, LossConfig
+from sandgym.train.config import ConfigError, LossConfig, ModelConfig, OptimConfig, TrainConfig
 from sandgym.train.policy import PolicyTrainer
 
 from .test_fused_logprobs import _sequences

@@ -12,9 +12,8 @@ from pydantic import ValidationError
 from sandgym.core.state import State, Turn, TurnTokens
 from sandgym.models.tiny import tiny_qwen2
 from sandgym.train.batch import states_to_sequences
-from sandgym.train.config import ModelConfig, OptimConfig
+from sandgym.train.config import LossConfig, ModelConfig, OptimConfig
 from sandgym.train.logprobs import HEAD_KERNELS, available_head_kernels, pick_head_kernel
-from sandgym.train.loss import LossConfig
 from sandgym.train.policy import PolicyTrainer
 
 

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from sandgym.train.loss import LossConfig, StepNormalizer, grpo_loss
+from sandgym.train.config import LossConfig
+from sandgym.train.loss import StepNormalizer, grpo_loss
 
 
 def _make_batch(seed: int) -> dict[str, object]:
@@ -256,7 +257,7 @@ def test_from_sequences_equals_from_masks() -> None:
     ],
 )
 def test_conflicting_loss_options_name_the_key(kwargs: dict, key: str) -> None:
-    from sandgym.train.loss import ConfigError
+    from sandgym.train.config import ConfigError
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         LossConfig(**kwargs)

@@ -19,8 +19,9 @@ from sandgym.envs.pycalc import QUESTIONS, load_environment
 from sandgym.models.tiny import byte_tokenizer, tiny_qwen2
 from sandgym.train.attention import use_varlen
 from sandgym.train.batch import pack
+from sandgym.train.config import LossConfig
 from sandgym.train.logprobs import packed_logprobs
-from sandgym.train.loss import LossConfig, StepNormalizer, grpo_loss
+from sandgym.train.loss import StepNormalizer, grpo_loss
 from sandgym.train.sft import SFTConfig, SFTTrainer, sft_loss
 from sandgym.train.trajectory import record_to_sequence, render_state
 
