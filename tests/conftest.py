@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import NoReturn
 
 import pytest
@@ -214,13 +214,36 @@ def available(capability: str) -> bool:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`slow` tests first, those with the largest time bound first among them (stable
     otherwise): with workers (.ci/run's `-n 2`, files whole: `--dist loadfile` in pyproject.toml) the longest file starts at
-    once beside the rest instead of being the run's tail."""
+    once beside the rest instead of being the run's tail. The tests that use `cluster` stay
+    together, where the first of them is: the cluster is stopped once the next test needs
+    none (`pytest_runtest_teardown`)."""
 
     def key(item: pytest.Item) -> tuple[bool, float]:
         bound = item.get_closest_marker("timeout")
         return item.get_closest_marker("slow") is None, -float(bound.args[0] if bound and bound.args else 0)
 
     items.sort(key=key)
+    ray = [i for i in items if "cluster" in i.fixturenames]
+    if ray:
+        at = items.index(ray[0])
+        rest = [i for i in items if "cluster" not in i.fixturenames]
+        items[:] = rest[:at] + ray + rest[at:]
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`--dist loadfile`, except that the files of `CLUSTER_FILES` are one unit: one worker
+    runs them, with one Ray cluster, instead of each worker starting its own (a cluster takes
+    ~10 s to start and keeps three raylets and their agents busy while it runs)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = str(super()._split_scope(nodeid))
+            return "ray-cluster" if scope in CLUSTER_FILES else scope
+
+    return Scheduling(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -238,23 +261,47 @@ def anyio_backend() -> str:
 
 
 NODE_CAP = 3  # sandboxes per node of `cluster`: small, the three nodes share two cores
+# The files whose tests use `cluster` (pytest_xdist_make_scheduler gives them one worker; one
+# left out still works, with a cluster of its own on whichever worker runs it).
+CLUSTER_FILES = frozenset(
+    f"tests/{f}.py"
+    for f in ("fleet/test_fleet", "fleet/test_fleet_eval", "fleet/test_node_caps", "fleet/test_placement",
+              "fleet/test_serve_fleet", "fleet/test_train_on_fleet", "sandboxes/test_contract_ray")
+)
+_running: list[object] = []  # this process's cluster, while tests need it
 
 
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[object]:
+@pytest.fixture
+def cluster() -> object:
     """A simulated 3-node Ray cluster on 127.0.0.1 (one raylet per node, one Docker engine),
-    shared by the tests of a session that need one (a process joins one Ray cluster only).
-    Node names carry this session's pid, so the containers its agents make (labelled
-    `sandgym.node=<name>`) are told apart from anyone else's. Tests that kill a node bring it
-    back before they end."""
-    require("docker", "ray")
-    from sandgym.sandboxes.providers.ray.cluster import LocalCluster, connect
+    started for the first test that needs one and shared by the tests that follow it (a process
+    joins one Ray cluster only); stopped once the next test needs none. Node names carry this
+    process's pid, so the containers its agents make (labelled `sandgym.node=<name>`) are told
+    apart from anyone else's. Tests that kill a node bring it back before they end."""
+    if not _running:
+        require("docker", "ray")
+        from sandgym.sandboxes.providers.ray.cluster import LocalCluster, connect
 
-    names = [f"t{os.getpid()}n{i}" for i in range(3)]
-    c = LocalCluster(names, max_sandboxes_per_node=NODE_CAP, num_gpus=2)
-    c.start()
-    connect(c.address)  # this process is a driver too
-    try:
-        yield c
-    finally:
-        c.shutdown()
+        names = [f"t{os.getpid()}n{i}" for i in range(3)]
+        c = LocalCluster(names, max_sandboxes_per_node=NODE_CAP, num_gpus=2)
+        c.start()
+        _running.append(c)
+        connect(c.address)  # this process is a driver too
+    return _running[0]
+
+
+def _stop_cluster() -> None:
+    while _running:
+        _running.pop().shutdown()  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last of the tests that use `cluster` (they run one after another), the
+    cluster goes; an idle one costs a few CPU seconds a minute."""
+    if _running and (nextitem is None or "cluster" not in nextitem.fixturenames):
+        _stop_cluster()
+
+
+def pytest_sessionfinish() -> None:
+    _stop_cluster()

@@ -21,7 +21,7 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 async def ray(cluster: Any) -> AsyncIterator[Provider]:
     p = get_provider("ray", address=cluster.address, agent_provider="docker")
     try:
