@@ -231,12 +231,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """`--dist loadfile`, except that the files of `CLUSTER_FILES` are one unit: one worker
+    """`--dist loadfile` in collection order, with the files of `CLUSTER_FILES` as one unit: one worker
     runs them, with one Ray cluster, instead of each worker starting its own (a cluster takes
     ~10 s to start and keeps three raylets and their agents busy while it runs)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
+
+    # Files in collection order (`pytest_collection_modifyitems`: slow first). xdist's default
+    # reorders them by test count, which put the one-test learning gate last: the run's tail.
+    config.option.loadscopereorder = False
 
     class Scheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:

@@ -22,11 +22,14 @@ def register(app: typer.Typer) -> None:
         """Fine-tune a policy on `sandgym eval` records (results.jsonl): assistant tokens only."""
         from sandgym.cli.errors import show_tracebacks
         from sandgym.cli.train_config import overrides, read_config, rich_logging
-        from sandgym.train.sft import SFTConfig, SFTTrainer
+        from sandgym.train.sft_data import SFTConfig, read_records
 
         show_tracebacks(verbose)
         console = rich_logging(verbose)
         cfg = read_config(SFTConfig.from_toml, config, overrides(set_, steps=steps, output=output))
+        records = read_records(cfg.data)  # bad config or data is refused before torch is imported
+
+        from sandgym.train.sft import SFTTrainer
 
         every = max(1, cfg.optim.steps // 20)
 
@@ -38,7 +41,7 @@ def register(app: typer.Typer) -> None:
                     f"grad {m['grad_norm']:.2f}  lr {m['lr']:.2e}  {m['train_s']:.2f}s"
                 )
 
-        trainer = SFTTrainer(cfg, on_step=show)
+        trainer = SFTTrainer(cfg, on_step=show, records=records)
         console.print(
             f"[bold]sandgym sft[/] model={cfg.model.name_or_path} records={len(trainer.sequences)} "
             f"steps={cfg.optim.steps} batch={cfg.optim.batch_size} device={trainer.device} out={trainer.out}"

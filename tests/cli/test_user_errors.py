@@ -103,9 +103,12 @@ def test_a_commands_own_verbose_flag_shows_the_traceback_too(configs: Path) -> N
 
 
 def test_a_bad_training_config_is_refused_before_torch_is_imported(configs: Path) -> None:
-    """Reading and checking the config needs no torch (seconds to import): the refusal is at once."""
+    """Reading and checking the config (and SFT's records) needs no torch (seconds to import):
+    the refusal is at once."""
     code = "import atexit, sys\natexit.register(lambda: print('torch' in sys.modules))\nfrom sandgym.cli import main\nmain()"
-    for bad in (["train", str(configs / "bad_value.toml")], ["train", "examples/toy.toml", "--set", "optim.nope=3"]):
+    (configs / "sft_no_records.toml").write_text('[data]\npaths = ["missing.jsonl"]\n')
+    for bad in (["train", str(configs / "bad_value.toml")], ["train", "examples/toy.toml", "--set", "optim.nope=3"],
+                ["sft", str(configs / "bad_value.toml")], ["sft", str(configs / "sft_no_records.toml")]):
         proc = subprocess.run([sys.executable, "-c", code, *bad], capture_output=True, text=True, cwd=ROOT, timeout=120,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stderr
