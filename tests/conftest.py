@@ -224,6 +224,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     items.sort(key=key)
     ray = [i for i in items if "cluster" in i.fixturenames]
+    unlisted = sorted({i.nodeid.split("::")[0] for i in ray} - CLUSTER_FILES)
+    if unlisted:
+        raise pytest.UsageError(f"tests/conftest.py: add {', '.join(unlisted)} to CLUSTER_FILES (its tests use `cluster`)")
     if ray:
         at = items.index(ray[0])
         rest = [i for i in items if "cluster" not in i.fixturenames]
