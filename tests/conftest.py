@@ -20,7 +20,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -268,14 +268,14 @@ def anyio_backend() -> str:
 
 
 NODE_CAP = 3  # sandboxes per node of `cluster`: small, the three nodes share two cores
-# The files whose tests use `cluster` (pytest_xdist_make_scheduler gives them one worker; one
-# left out still works, with a cluster of its own on whichever worker runs it).
+# The files whose tests use `cluster`: pytest_xdist_make_scheduler gives them one worker (a file
+# that uses it and is not listed stops the run: pytest_collection_modifyitems).
 CLUSTER_FILES = frozenset(
     f"tests/{f}.py"
     for f in ("fleet/test_fleet", "fleet/test_fleet_eval", "fleet/test_node_caps", "fleet/test_placement",
               "fleet/test_serve_fleet", "fleet/test_train_on_fleet", "sandboxes/test_contract_ray")
 )
-_running: list[object] = []  # this process's cluster, while tests need it
+_running: list[Any] = []  # this process's cluster (a LocalCluster), while tests need it
 
 
 @pytest.fixture
@@ -299,7 +299,7 @@ def cluster() -> object:
 
 def _stop_cluster() -> None:
     while _running:
-        _running.pop().shutdown()  # type: ignore[attr-defined]
+        _running.pop().shutdown()
 
 
 @pytest.hookimpl(trylast=True)

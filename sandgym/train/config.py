@@ -34,9 +34,7 @@ class ConfigError(UserError):
     unwrapped, and the CLI prints it as one line)."""
 
 
-class LossConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class LossConfig(Strict):
     policy_loss: PolicyLoss = "ppo"
     eps_low: float = Field(0.2, ge=0.0)
     eps_high: float = Field(0.28, ge=0.0)  # DAPO's clip-higher default

@@ -105,7 +105,7 @@ def pushed(provider: DockerProvider, registry: Registry, storage: Path) -> Itera
     ref = registry.ref("pulled")
     client = provider.client
     repo, tag = ref.rsplit(":", 1)
-    if not any(storage.glob(f"docker/registry/v2/repositories/sandgym-test/pulled/_manifests/tags/{tag}")):
+    if not (storage / "docker/registry/v2/repositories" / repo.split("/", 1)[1] / "_manifests/tags" / tag).is_dir():
         client.images.build(
             # sandgym/base: the smallest image with python3 (execd). 3 MB of random bytes: a
             # layer big enough for the engine to report its download.
