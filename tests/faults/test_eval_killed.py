@@ -44,7 +44,8 @@ def test_eval_sigkilled_then_pruned_and_resumed(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if results.exists() and results.read_text().count("\n") >= 3:
+            # mid-run, and holding sandboxes (between two rollouts it may hold none)
+            if results.exists() and results.read_text().count("\n") >= 3 and _containers_of_pid(proc.pid):
                 break
             time.sleep(0.05)
     finally:
@@ -53,15 +54,19 @@ def test_eval_sigkilled_then_pruned_and_resumed(tmp_path: Path) -> None:
     before = [x for x in results.read_text().splitlines() if x.strip()]
     assert 3 <= len(before) < N * R, "the kill should land mid-run"
 
-    # A create the engine was still serving when the driver died may finish (or fail and be
-    # removed) a moment later: take the orphans once the list has settled.
-    orphans = _containers_of_pid(proc.pid)
+    # A create the engine was still serving when the driver died may finish a moment later,
+    # and any other sandgym process on the host (other tests run in parallel) may reap the
+    # orphans as soon as it starts: the orphans are every sandbox of the dead pid seen until
+    # the list has settled, not only those still listed at the end.
+    listed = _containers_of_pid(proc.pid)
+    orphans = set(listed)
     for _ in range(20):
         time.sleep(0.25)
         now = _containers_of_pid(proc.pid)
-        if now == orphans:
+        orphans |= set(now)
+        if now == listed:
             break
-        orphans = now
+        listed = now
     try:
         assert orphans, "a SIGKILLed eval leaves its live sandboxes behind (the case prune exists for)"
         out = subprocess.run(
@@ -72,7 +77,7 @@ def test_eval_sigkilled_then_pruned_and_resumed(tmp_path: Path) -> None:
         report = json.loads(out.stdout.strip().splitlines()[-1])
         # Every sandgym process on the host reaps dead owners' sandboxes (other tests' managers
         # run in parallel), so prune may find some already gone; none may be left or fail.
-        assert not set(orphans) & (set(report["failed"]) | set(report["kept"])), report
+        assert not orphans & (set(report["failed"]) | set(report["kept"])), report
         assert _containers_of_pid(proc.pid) == []
     finally:  # never leave ours behind, whatever failed above
         import docker

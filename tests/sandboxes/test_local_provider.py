@@ -269,6 +269,18 @@ async def test_dead_holder_means_sandbox_gone(persistent_provider):
             await sb.exec("true")
 
 
+async def test_a_command_that_ends_its_sandbox_is_told_gone(persistent_provider):
+    """Killing every process of the namespace ends bwrap's pid 1 and with it the namespaces
+    nsenter enters: that command, and any exec right after it (no wait for the holder to
+    finish exiting), raise SandboxGoneError, never exit with nsenter's own error."""
+    for _ in range(5):
+        async with await make(persistent_provider) as sb:
+            with pytest.raises(SandboxGoneError):
+                await sb.exec("kill -KILL -1; sleep 0.2; echo survived")
+            with pytest.raises(SandboxGoneError):
+                await sb.exec("echo alive")
+
+
 async def test_no_capabilities_inside(provider):
     needs_bwrap(provider)
     for user in (None, "root"):

@@ -367,12 +367,17 @@ def _holder_alive(meta: LocalMeta) -> bool:
     if pid is None or process_start_time(pid) != meta.init_start:
         return False
     # A holder killed from inside (kill -9 -1), or ended at its TTL, lingers as a zombie
-    # until its parent reaps it: its /proc entry stays, its namespaces are gone.
+    # until its parent reaps it: its /proc entry stays, its namespaces are gone. While it is
+    # still exiting it is not yet a zombie but its namespaces may already be gone (what
+    # nsenter would enter), so those are checked too.
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[:1] != [b"Z"]
+            if f.read().rsplit(b")", 1)[-1].split()[:1] == [b"Z"]:
+                return False
+        os.readlink(f"/proc/{pid}/ns/ipc")
     except OSError:
         return False
+    return True
 
 
 def _read_meta(d: Path) -> LocalMeta | None:
@@ -589,6 +594,10 @@ class LocalSandbox(Sandbox):
         )
         if self._closed and not result.timed_out:
             raise SandboxGoneError(f"sandbox {self.id} was closed while the command ran")
+        if self.persistent and result.exit_code != 0 and not self._init_alive():
+            # The holder died between the check above and nsenter (or during the command):
+            # nsenter's own "cannot open /proc/<pid>/ns/..." is not the command's failure.
+            raise SandboxGoneError(f"sandbox {self.id}: its namespace holder has died")
         return result
 
     # ---- files -----------------------------------------------------------------------
