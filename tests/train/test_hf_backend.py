@@ -195,6 +195,57 @@ def test_a_request_joins_the_batch_being_decoded_and_decodes_as_it_would_alone()
         assert res.logprobs == pytest.approx(ref.logprobs, abs=1e-4)
 
 
+def test_shared_prefixes_are_prefilled_once_and_decode_as_without_them() -> None:
+    """Prompts that share a long start (a tools block, a GRPO group's prompt) are prefilled
+    from a cached prefix: the batch's own prefill covers only what follows it, and every row
+    decodes (greedy) the tokens, and nearly the logprobs, of a prefill of the whole prompt.
+    A change to the weights (here in place, as an optimizer step on shared weights does)
+    invalidates the cached prefix."""
+    engine = _engine()
+    tools = list(b"<tools>" + bytes(range(40, 120)) + b"</tools>")  # 95 tokens every prompt starts with
+    joins = [
+        [tools + list(b"question one"), tools + list(b"q2")],  # a batch: the prefix is cached
+        [tools + list(b"question three, alone")],  # a lone prompt: the cached prefix serves it
+        [tools + list(b"q4") + list(b"?" * 50)] * 2,  # a group: a longer prefix extends the first
+        [list(b"no tools here")],  # nothing shared
+    ]
+    widths: list[int] = []
+    forward = engine.model.forward
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        widths.append(int(kwargs["input_ids"].shape[1]))
+        return forward(*args, **kwargs)
+
+    def decode(prompts: list[list[int]]) -> list[GenResult]:
+        reqs = [GenRequest(prompt_ids=p, max_tokens=8, temperature=0.0, ignore_eos=True) for p in prompts]
+        got: list[GenResult | BaseException] = []
+        queue = [[(r, got.append) for r in reqs]]
+
+        def take(wait: bool, limit: int) -> tuple[list[tuple[GenRequest, Any]], bool]:
+            return (queue.pop(), False) if queue else ([], wait)
+
+        engine.decode_continuously(take)
+        assert all(isinstance(g, GenResult) for g in got), got
+        return [g for g in got if isinstance(g, GenResult)]
+
+    for step in range(2):
+        engine.model.forward = counting  # type: ignore[method-assign]
+        for prompts in joins:
+            widths.clear()
+            got = decode(prompts)
+            longest = max(widths)  # the prefill(s); the 7 decode steps run one token each
+            alone = [engine.generate([GenRequest(prompt_ids=p, max_tokens=8, temperature=0.0, ignore_eos=True)])[0] for p in prompts]
+            shared = prompts[0][: len(tools)] == tools
+            assert (longest < max(map(len, prompts))) == shared, (step, prompts, widths)
+            for res, ref in zip(got, alone, strict=True):
+                assert res.completion_ids == ref.completion_ids
+                assert res.logprobs == pytest.approx(ref.logprobs, abs=1e-4)
+        engine.model.forward = forward  # type: ignore[method-assign]
+        with torch.no_grad():  # new weights: a cached prefix of the old ones would decode otherwise
+            for p in engine.model.parameters():
+                p.mul_(1.5)
+
+
 def test_staged_weights_stop_the_batch_growing_and_serve_the_next() -> None:
     """A weight update while a batch is decoded: the batch takes no new request, finishes on
     the old weights, and what waited is decoded on the new ones."""

@@ -13,6 +13,13 @@ next decode step, and a finished row leaves it at once. A multi-turn rollout's l
 arrive one tool result at a time; decoded as batches of their own, one after another, they
 were most of a GRPO step's generation time on CPU.
 
+Prompts that start alike (every prompt of a tool environment starts with the same tools
+block; the rollouts of a GRPO group are one prompt) are prefilled from a cached prefix: the
+engine keeps the keys and values of a few shared prefixes, computed once for one row, and
+prefills only what follows them. An entry is valid for the weights it was computed with: any
+change to a parameter (a load, a staged update, an optimizer step on shared weights) empties
+the cache.
+
 "In flight" for this engine: a batch is decoded under the engine lock. A weight update made
 while a batch is being decoded does not wait for it: the new tensors are copied aside
 (`HFEngine.stage`), the batch stops taking new requests and finishes on the old weights, and
@@ -27,7 +34,8 @@ import contextlib
 import copy
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +49,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# A shared prefix shorter than this is prefilled with the rest (an entry costs a forward pass
+# of its own); a few entries cover one environment's tools block and the groups in flight.
+PREFIX_MIN_TOKENS = 32
+PREFIX_ENTRIES = 8
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, heads, T, dim]
 
 
 @dataclass
@@ -81,12 +94,18 @@ class HFEngine:
         device: torch.device | str | None = None,
         autocast_dtype: torch.dtype | None = None,
         max_batch_size: int = 64,
+        prefix_cache: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.autocast_dtype = autocast_dtype
         self.max_batch_size = max_batch_size
+        self.prefix_cache = prefix_cache
+        # Shared prefixes' keys and values (least recently used first), for `_weights_key`.
+        self._prefixes: OrderedDict[tuple[int, ...], KV] = OrderedDict()
+        self._prefixes_of: tuple[tuple[int, int], ...] = ()
+        self._last_prompt: Sequence[int] = ()
         self.lock = threading.Lock()  # held while generating or while weights change
         self._wanted = 0  # threads waiting for `lock` through `exclusive()`: a batch stops growing
         self.continuous = continuous_batching_supported()  # else the server batches statically
@@ -309,17 +328,24 @@ class HFEngine:
         if not rows:
             return batch
         dev = self.device
-        lens = [len(r.req.prompt_ids) for r in rows]
-        width = max(lens)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):  # left padding: every row's last token is at -1
-            ids[i, width - lens[i] :] = torch.tensor(r.req.prompt_ids, dtype=torch.long)
-            mask[i, width - lens[i] :] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         try:
+            prefix = self._shared_prefix([r.req.prompt_ids for r in rows]) if self.prefix_cache else None
+            n = len(prefix[0]) if prefix is not None else 0
+            if prefix is not None:
+                for i, (k, v) in enumerate(prefix[1]):
+                    cache.update(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1), i)  # update copies
+            # Left padding between the prefix and each row's rest: every row's last token is at -1.
+            lens = [len(r.req.prompt_ids) - n for r in rows]
+            width = max(lens)
+            ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(rows), n + width), dtype=torch.long)
+            mask[:, :n] = 1
+            for i, r in enumerate(rows):
+                ids[i, width - lens[i] :] = torch.tensor(r.req.prompt_ids[n:], dtype=torch.long)
+                mask[i, n + width - lens[i] :] = 1
+            ids, mask = ids.to(dev), mask.to(dev)
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, n:]
             with self._autocast():
                 res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
         except Exception as exc:  # these rows only; the batch goes on
@@ -329,6 +355,54 @@ class HFEngine:
             return batch
         new = _Batch(rows, cache, mask, pos[:, -1:], res.logits[:, -1].float())
         return new if batch is None else _merge(batch, new)
+
+    def _weights_key(self) -> tuple[tuple[int, int], ...]:
+        """Changes whenever a parameter does: in-place updates (optimizer steps, loads) bump a
+        tensor's version counter; replaced tensors have another address."""
+        return tuple((p.data_ptr(), p._version) for p in self.model.parameters())
+
+    def _shared_prefix(self, prompts: list[Sequence[int]]) -> tuple[tuple[int, ...], KV] | None:
+        """The cached prefix to prefill `prompts` from, computing (or extending) one when they
+        share at least PREFIX_MIN_TOKENS more than the cache holds; None when not worth it.
+        A lone prompt is compared with the previous join's (a group's rollouts and a tool
+        environment's prompts arrive one by one, too). Every prompt keeps one token of its own."""
+        key = self._weights_key()
+        if key != self._prefixes_of:
+            self._prefixes.clear()
+            self._prefixes_of = key
+        basis = prompts if len(prompts) > 1 else [prompts[0], self._last_prompt]
+        self._last_prompt = prompts[-1]
+        room = min(len(p) for p in prompts) - 1
+        first = prompts[0]
+        shared = min(_common_prefix(first, basis), room)
+        best: tuple[int, ...] = ()
+        for ids in self._prefixes:
+            if len(best) < len(ids) <= room and all(_starts_with(p, ids) for p in prompts):
+                best = ids
+        if shared >= len(best) + PREFIX_MIN_TOKENS:
+            best = tuple(first[:shared])
+            self._prefixes[best] = self._prefill_one(best)
+            while len(self._prefixes) > PREFIX_ENTRIES:
+                self._prefixes.popitem(last=False)
+        if not best:
+            return None
+        self._prefixes.move_to_end(best)
+        return best, self._prefixes[best]
+
+    def _prefill_one(self, ids: tuple[int, ...]) -> KV:
+        """Keys and values of `ids` alone, extending the longest cached prefix of it."""
+        from transformers import DynamicCache
+
+        base = max((p for p in self._prefixes if len(p) < len(ids) and ids[: len(p)] == p), key=len, default=())
+        cache = DynamicCache(config=self.model.config)
+        for i, (k, v) in enumerate(self._prefixes[base] if base else []):
+            cache.update(k, v, i)
+        rest = torch.tensor([ids[len(base) :]], dtype=torch.long, device=self.device)
+        pos = torch.arange(len(base), len(ids), device=self.device).unsqueeze(0)
+        mask = torch.ones((1, len(ids)), dtype=torch.long, device=self.device)
+        with self._autocast():
+            self.model(input_ids=rest, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return [(layer.keys, layer.values) for layer in _layers(cache)]
 
     def _step(self, batch: _Batch) -> _Batch | None:
         """Sample each row's next token; answer the rows that finished; run the model on the
@@ -371,6 +445,22 @@ class HFEngine:
 
 def _layers(cache: Any) -> list[Any]:
     return list(cache.layers)
+
+
+def _common_prefix(first: Sequence[int], others: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens `first` shares with every one of `others`."""
+    n = len(first)
+    for o in others:
+        n = min(n, len(o))
+        for i in range(n):
+            if first[i] != o[i]:
+                n = i
+                break
+    return n
+
+
+def _starts_with(seq: Sequence[int], prefix: tuple[int, ...]) -> bool:
+    return len(seq) >= len(prefix) and tuple(seq[: len(prefix)]) == prefix
 
 
 def _merge(a: _Batch, b: _Batch) -> _Batch:
