@@ -641,6 +641,19 @@ async def sandboxes_are_apart(provider: Provider, spec: SandboxSpec) -> None:
         await _raises("read_file of another sandbox's file", b.read_file("only-in-a.txt"), SandboxFileNotFound)
 
 
+async def localhost_is_loopback(provider: Provider, spec: SandboxSpec) -> None:
+    # Test suites start servers on loopback and reach them by name, network or not.
+    prog = (
+        "import socket\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
+        "c = socket.create_connection(('localhost', s.getsockname()[1]), timeout=5)\n"
+        "a, _ = s.accept(); c.sendall(b'ok'); print(a.recv(2).decode())\n"
+    )
+    async with _sandbox(provider, spec) as sb:
+        r = await sb.exec(["python3", "-c", prog], timeout=20)
+        expect(r.exit_code == 0 and r.stdout.strip() == "ok", f"a server on 127.0.0.1 is not reached at localhost: {_result(r)}")
+
+
 def _empty_tar() -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w"):
@@ -699,6 +712,7 @@ CHECKS: tuple[Check, ...] = (
     Check("removed_sandbox_is_gone", "after provider.remove(id), exec raises SandboxGoneError; not listed", removed_sandbox_is_gone),
     Check("list_filters_by_labels", "list(labels) shows exactly the matching sandboxes; info() says running", list_filters_by_labels),
     Check("sandboxes_are_apart", "two sandboxes do not see each other's files", sandboxes_are_apart),
+    Check("localhost_is_loopback", "`localhost` resolves, and a server on 127.0.0.1 answers there", localhost_is_loopback),
 )
 
 

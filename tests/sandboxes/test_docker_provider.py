@@ -160,7 +160,7 @@ async def test_container_is_hardened(provider: DockerProvider, any_sb: DockerSan
     sb = any_sb
     cfg = provider.api.inspect_container(sb.id)
     host = cfg["HostConfig"]
-    assert host["NetworkMode"] == "none"
+    assert host["NetworkMode"] == "none" and cfg["Config"]["NetworkDisabled"] is True
     assert host["CapDrop"] == ["ALL"]
     assert host["SecurityOpt"] == ["no-new-privileges"]
     assert host["ReadonlyRootfs"] is True
@@ -198,7 +198,8 @@ async def test_container_is_hardened(provider: DockerProvider, any_sb: DockerSan
         mounts = {m["Destination"]: m for m in cfg["Mounts"]}
         assert mounts["/opt/sandgym-execd"]["RW"] is False
         assert mounts["/run/sandgym"]["RW"] is True
-        assert set(mounts) == {"/opt/sandgym-execd", "/run/sandgym"} | (writable if loop else set())
+        assert mounts["/etc/hosts"]["RW"] is False  # the engine writes none without a network
+        assert set(mounts) == {"/opt/sandgym-execd", "/run/sandgym", "/etc/hosts"} | (writable if loop else set())
     else:
         # A sh that ends at the TTL or once the owner's lifeline FIFO has no writer left.
         assert cfg["Config"]["Entrypoint"] == ["/bin/sh"]
@@ -206,7 +207,7 @@ async def test_container_is_hardened(provider: DockerProvider, any_sb: DockerSan
         assert cfg["Config"]["Labels"]["sandgym.transport"] == "docker-exec"
         # Only the folder holding the lifeline is mounted read-only (and the loop disk's mounts).
         got = {m["Destination"]: m["RW"] for m in cfg["Mounts"]}
-        assert got.pop("/run/sandgym") is False
+        assert got.pop("/run/sandgym") is False and got.pop("/etc/hosts") is False
         assert set(got) == (writable if loop else set())
     labels = cfg["Config"]["Labels"]
     assert labels["sandgym.pid"] == str(os.getpid()) and labels["sandgym.owner_kind"] == "process"
