@@ -3,10 +3,13 @@ content on the second request, and a failed build names its step with the log ta
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import docker
+import docker.errors
 import pytest
 
 from sandgym.swe.bundled import init_repo
@@ -114,11 +117,24 @@ def _history_repo(tmp_path: Path) -> tuple[Path, str, str]:
     return repo, base, blob
 
 
+@pytest.fixture
+def built_tags() -> Iterator[list[str]]:
+    """Tags the test built from a repository made for it (new commit ids each run): removed
+    afterwards, or every run would leave an image behind."""
+    tags: list[str] = []
+    yield tags
+    client = docker.from_env()
+    for tag in tags:
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            client.images.remove(tag, force=True)
+    client.close()
+
+
 def _in_image(tag: str, script: str) -> str:
     return docker.from_env().containers.run(tag, ["bash", "-c", script], remove=True, network_mode="none").decode()
 
 
-async def test_full_history_with_tags_and_nothing_later(tmp_path: Path) -> None:
+async def test_full_history_with_tags_and_nothing_later(tmp_path: Path, built_tags: list[str]) -> None:
     """setuptools_scm and `git describe` need tags: the image has the history up to
     base_commit with its tags (v1.0, v1.1), not the later commit or its tag (v2.0), no
     remote; the checkout borrows the history's objects, so a sandbox copies a small .git."""
@@ -127,6 +143,7 @@ async def test_full_history_with_tags_and_nothing_later(tmp_path: Path) -> None:
     task = SWETask(instance_id="hist__full", repo="local/hist", base_commit=base, repo_path=str(repo),
                    version="1.1", recipe={"pip": []})
     built = await TaskImageBuilder().ensure(task)
+    built_tags.append(built.tag)
     out = _in_image(built.tag, "cd /opt/task/repo && git describe --tags && git tag | tr '\\n' ' ' && echo && "
                                "git rev-list --count --all && git remote | wc -l && git rev-parse HEAD && "
                                "cat .git/objects/info/alternates && git status --porcelain | wc -l").split("\n")
@@ -136,7 +153,7 @@ async def test_full_history_with_tags_and_nothing_later(tmp_path: Path) -> None:
     assert out[6] == "0"
 
 
-async def test_mirror_missing_old_objects_still_builds(tmp_path: Path) -> None:
+async def test_mirror_missing_old_objects_still_builds(tmp_path: Path, built_tags: list[str]) -> None:
     """A mirror whose snapshot left out an old big file: the history comes without old
     file contents (a blob-less fetch plus every file of base_commit); tags still work."""
     require("docker")
@@ -156,6 +173,7 @@ async def test_mirror_missing_old_objects_still_builds(tmp_path: Path) -> None:
     task = SWETask(instance_id="hist__partial", repo="local/hist", base_commit=base, repo_path=str(mirror), recipe={"pip": []})
     lines: list[str] = []
     built = await TaskImageBuilder(log=lines.append).ensure(task)
+    built_tags.append(built.tag)
     assert any("history without old file contents" in line for line in lines)
     out = _in_image(built.tag, "cd /opt/task/repo && git describe --tags && cat a.py && git cat-file -e "
                                f"{blob} 2>/dev/null; echo $?").split("\n")
