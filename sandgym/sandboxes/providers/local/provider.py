@@ -16,7 +16,9 @@ stop, is in docs/security.md ("The `local` provider").
 A persistent namespace's holder ends, and the kernel takes every process of the sandbox
 with it, at the spec's TTL or once the owning process is gone (ownership.py): it reads a
 pipe whose write end only the owner holds, and end-of-file means the owner died. Its
-directory (and tmpfs, cgroups) stays until a `prune` or a sandgym process's reaper.
+directory (and tmpfs, cgroups) stays until a `prune` or a sandgym process's reaper. A
+command that ends the namespace itself (`kill -KILL -1` takes the holder), and any exec after
+it, raises SandboxGoneError, as for a sandbox that is gone.
 """
 
 from __future__ import annotations
