@@ -102,7 +102,8 @@ class HFEngine:
         self.autocast_dtype = autocast_dtype
         self.max_batch_size = max_batch_size
         self.prefix_cache = prefix_cache
-        # Shared prefixes' keys and values (least recently used first), for `_weights_key`.
+        # Shared prefixes' keys and values (least recently used first), and the `_weights_key`
+        # they were computed with.
         self._prefixes: OrderedDict[tuple[int, ...], KV] = OrderedDict()
         self._prefixes_of: tuple[tuple[int, int], ...] = ()
         self._last_prompt: Sequence[int] = ()
@@ -315,8 +316,6 @@ class HFEngine:
 
     def _join(self, batch: _Batch | None, items: list[tuple[GenRequest, Done]]) -> _Batch | None:
         """Prefill `items` and add them to `batch` (a new batch when None)."""
-        from transformers import DynamicCache
-
         rows: list[_Row] = []
         for req, done in items:
             if not req.prompt_ids:
@@ -328,13 +327,10 @@ class HFEngine:
         if not rows:
             return batch
         dev = self.device
-        cache = DynamicCache(config=self.model.config)
         try:
             prefix = self._shared_prefix([r.req.prompt_ids for r in rows]) if self.prefix_cache else None
             n = len(prefix[0]) if prefix is not None else 0
-            if prefix is not None:
-                for i, (k, v) in enumerate(prefix[1]):
-                    cache.update(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1), i)  # update copies
+            cache = self._cache_of(prefix[1] if prefix is not None else [], len(rows))
             # Left padding between the prefix and each row's rest: every row's last token is at -1.
             lens = [len(r.req.prompt_ids) - n for r in rows]
             width = max(lens)
@@ -391,18 +387,23 @@ class HFEngine:
 
     def _prefill_one(self, ids: tuple[int, ...]) -> KV:
         """Keys and values of `ids` alone, extending the longest cached prefix of it."""
-        from transformers import DynamicCache
-
-        base = max((p for p in self._prefixes if len(p) < len(ids) and ids[: len(p)] == p), key=len, default=())
-        cache = DynamicCache(config=self.model.config)
-        for i, (k, v) in enumerate(self._prefixes[base] if base else []):
-            cache.update(k, v, i)
+        base = max((p for p in self._prefixes if len(p) < len(ids) and _starts_with(ids, p)), key=len, default=())
+        cache = self._cache_of(self._prefixes[base] if base else [], 1)
         rest = torch.tensor([ids[len(base) :]], dtype=torch.long, device=self.device)
         pos = torch.arange(len(base), len(ids), device=self.device).unsqueeze(0)
         mask = torch.ones((1, len(ids)), dtype=torch.long, device=self.device)
         with self._autocast():
             self.model(input_ids=rest, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return [(layer.keys, layer.values) for layer in _layers(cache)]
+
+    def _cache_of(self, kv: KV, rows: int) -> Any:
+        """A KV cache that holds `kv` (one row's) for each of `rows` rows; empty for []."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        for i, (k, v) in enumerate(kv):
+            cache.update(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1), i)  # update copies
+        return cache
 
     def _step(self, batch: _Batch) -> _Batch | None:
         """Sample each row's next token; answer the rows that finished; run the model on the
