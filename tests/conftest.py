@@ -28,6 +28,15 @@ from sandgym.sandboxes import SandboxSpec
 from sandgym.sandboxes.spec import EgressPolicy
 
 CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+# Each xdist worker is one of several busy processes on this machine's cores. torch's OpenMP
+# pool sized to every core makes them fight: at each barrier a thread waits for a peer that
+# another worker has descheduled. The learning gate beside one busy core: 2 threads 402 s wall
+# and 361 CPU-s, 1 thread 329 s and 254 CPU-s. Set before torch loads; subprocesses (the
+# CLI's `sandgym train`) inherit it.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 BOOTSTRAP = "scripts/bootstrap.sh installs it"
 
 
