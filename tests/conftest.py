@@ -33,10 +33,14 @@ CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 # pool sized to every core makes them fight: at each barrier a thread waits for a peer that
 # another worker has descheduled. The learning gate beside one busy core: 2 threads 402 s wall
 # and 361 CPU-s, 1 thread 329 s and 254 CPU-s. Set before torch loads; subprocesses (the
-# CLI's `sandgym train`) inherit it.
+# CLI's `sandgym train`) inherit them.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
 if _WORKERS > 1:
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+    _CORES = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    os.environ.setdefault("OMP_NUM_THREADS", _CORES)
+    # The same for torch.compile: at one thread it compiles in-process instead of starting a
+    # pool of compile workers (each imports torch): tests/train/test_compile_layers.py 30 -> 24 s.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", _CORES)
 BOOTSTRAP = "scripts/bootstrap.sh installs it"
 
 
