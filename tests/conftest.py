@@ -226,7 +226,7 @@ def available(capability: str) -> bool:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`slow` tests first, those with the largest time bound first among them (stable
-    otherwise): with workers (.ci/run's `-n 2`, files whole: `--dist loadfile` in pyproject.toml) the longest file starts at
+    otherwise): with workers (.ci/run's `-n 3`, files whole: `--dist loadfile` in pyproject.toml) the longest file starts at
     once beside the rest instead of being the run's tail. The tests that use `cluster` stay
     together, where the first of them is: the cluster is stopped once the next test needs
     none (`pytest_runtest_teardown`)."""
