@@ -84,7 +84,8 @@ def _gvisor_smoke(client: DockerClient, shim: bool) -> tuple[bool, str]:
     try:
         out = client.containers.run(
             "sandgym/python:latest", ["sh", "-c", "ls -la / >/dev/null && uname -r"], runtime=rt.GVISOR,
-            network_mode="none", remove=True, volumes=binds, labels={"sandgym.doctor": "1"},
+            network_mode="none", network_disabled=True,  # as the provider makes sandboxes
+            remove=True, volumes=binds, labels={"sandgym.doctor": "1"},
         )
     except Exception as exc:
         return False, " ".join(str(exc).split())[:200]
