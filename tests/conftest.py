@@ -41,6 +41,7 @@ if _WORKERS > 1:
     # The same for torch.compile: at one thread it compiles in-process instead of starting a
     # pool of compile workers (each imports torch): tests/train/test_compile_layers.py 30 -> 24 s.
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", _CORES)
+
 BOOTSTRAP = "scripts/bootstrap.sh installs it"
 
 
