@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import pytest
 
 from sandgym.sandboxes import SandboxSpec
-from sandgym.sandboxes.spec import EgressPolicy
+from sandgym.sandboxes.spec import EgressPolicy, host_cpus
 
 CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
@@ -36,7 +36,7 @@ CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 # CLI's `sandgym train`) inherit them.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
 if _WORKERS > 1:
-    _CORES = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    _CORES = str(max(1, host_cpus() // _WORKERS))  # the cores this process may run on
     os.environ.setdefault("OMP_NUM_THREADS", _CORES)
     # The same for torch.compile: at one thread it compiles in-process instead of starting a
     # pool of compile workers (each imports torch): tests/train/test_compile_layers.py 30 -> 24 s.
