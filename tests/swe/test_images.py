@@ -4,7 +4,9 @@ content on the second request, and a failed build names its step with the log ta
 from __future__ import annotations
 
 import contextlib
+import io
 import subprocess
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,10 +36,7 @@ async def test_image_is_built_once_then_reused(bundled: dict[str, SWETask]) -> N
     other = await builder.ensure(bundled["statskit__median-even"])
     assert other.env_tag == first.env_tag and other.tag != first.tag
     # The image holds the repository at base_commit with no remote and no later history.
-    out = docker.from_env().containers.run(
-        second.tag, ["bash", "-c", "cd /opt/task/repo && git rev-parse HEAD && git remote | wc -l && git rev-list --count HEAD"],
-        remove=True, network_mode="none",
-    ).decode().split()
+    out = _in_image(second.tag, "cd /opt/task/repo && git rev-parse HEAD && git remote | wc -l && git rev-list --count HEAD").split()
     assert out == [task.base_commit, "0", "1"]
 
 
@@ -131,7 +130,24 @@ def built_tags() -> Iterator[list[str]]:
 
 
 def _in_image(tag: str, script: str) -> str:
-    return docker.from_env().containers.run(tag, ["bash", "-c", script], remove=True, network_mode="none").decode()
+    """The script's output, read from a file in the stopped container rather than its log:
+    on a loaded engine the log copier may be cut off when the container exits (CI lost all
+    but the first line once), while the container's own filesystem keeps every byte."""
+    client = docker.from_env()
+    ctr = client.containers.create(tag, ["bash", "-c", f"( {script} ) >/tmp/out 2>&1"], network_mode="none")
+    try:
+        ctr.start()
+        rc = ctr.wait()["StatusCode"]
+        chunks, _ = ctr.get_archive("/tmp/out")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            member = tar.extractfile("out")
+            assert member is not None
+            out = member.read().decode()
+        assert rc == 0, out
+        return out
+    finally:
+        ctr.remove(force=True)
+        client.close()
 
 
 async def test_full_history_with_tags_and_nothing_later(tmp_path: Path, built_tags: list[str]) -> None:
