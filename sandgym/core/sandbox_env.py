@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import anyio
@@ -29,8 +30,14 @@ log = logging.getLogger(__name__)
 async def checked_exec(sandbox: Any, cmd: str | list[str], *, timeout: float, stdin: str | bytes | None = None) -> ExecResult:
     """exec that turns a vanished sandbox into SandboxGoneError (the rollout's error, not a
     tool result the model would see)."""
+    return await checked(sandbox, sandbox.exec(cmd, timeout=timeout, stdin=stdin))
+
+
+async def checked(sandbox: Any, call: Awaitable[ExecResult]) -> ExecResult:
+    """The result of `call` (an exec or exec_python of `sandbox`), a vanished sandbox
+    turned into SandboxGoneError."""
     try:
-        result = await sandbox.exec(cmd, timeout=timeout, stdin=stdin)
+        result = await call
     except SandboxError:
         raise
     except Exception as exc:

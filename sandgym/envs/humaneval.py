@@ -36,10 +36,10 @@ from sandgym.core.environment import SingleTurnEnv
 from sandgym.core.failures import ScoringTimeout
 from sandgym.core.parsers import CodeBlockParser
 from sandgym.core.rubric import Rubric
-from sandgym.core.sandbox_env import PythonEnv, checked_exec
+from sandgym.core.sandbox_env import PythonEnv, checked
 from sandgym.core.state import Message, State
 from sandgym.core.tools import tool_call
-from sandgym.sandboxes.base import ExecJob
+from sandgym.sandboxes.base import ExecJob, python_argv
 from sandgym.sandboxes.cpu_bound import CPUBoundSandboxes, cpu_slots
 from sandgym.sandboxes.result import ExecResult
 from sandgym.sandboxes.spec import SandboxSpec, host_cpus
@@ -89,11 +89,6 @@ def program(code: str, info: dict[str, Any]) -> str:
     return body + "\n\n" + info["test"] + f"\n\ncheck({entry})\n"
 
 
-def test_argv(cpu_s: int) -> list[str]:
-    """The test program on stdin, under a CPU-time limit (it and its children)."""
-    return ["sh", "-c", f"ulimit -t {int(cpu_s)} && exec python3 -"]
-
-
 def passed(r: ExecResult, *, cpu_s: int, timeout_s: float) -> bool:
     """The verdict of a test run: exit 0 passes, any other exit fails (a wrong answer, a
     crash, the CPU limit), and a run cut at the wall-clock limit has no verdict: a
@@ -125,16 +120,15 @@ async def run_tests(
     if not code:
         return False
     src = program(code, info)
-    argv = test_argv(cpu_s)
     if sandbox is not None:
-        r = await checked_exec(sandbox, argv, timeout=timeout_s, stdin=src)
+        r = await checked(sandbox, sandbox.exec_python(src, cpu_limit_s=cpu_s, timeout=timeout_s))
     elif batcher is not None:
-        r = await batcher.run(ExecJob(argv, timeout=timeout_s, stdin=src))
+        r = await batcher.run(ExecJob(python_argv(cpu_s), timeout=timeout_s, stdin=src))
     elif sandboxes is None:
         raise RuntimeError("no sandbox to run the tests in")
     else:
         async with sandboxes.sandbox(spec, reuse=reuse) as sb:
-            r = await checked_exec(sb, argv, timeout=timeout_s, stdin=src)
+            r = await checked(sb, sb.exec_python(src, cpu_limit_s=cpu_s, timeout=timeout_s))
     return passed(r, cpu_s=cpu_s, timeout_s=timeout_s)
 
 

@@ -34,6 +34,13 @@ def shell_argv(cmd: Command) -> list[str]:
     return argv
 
 
+def python_argv(cpu_limit_s: int | None = None) -> list[str]:
+    """`python3 -` (the program on stdin), under `ulimit -t` when a CPU limit is given."""
+    if not cpu_limit_s:
+        return ["python3", "-"]
+    return ["sh", "-c", f"ulimit -t {int(cpu_limit_s)} && exec python3 -"]
+
+
 def live_argv(argv: Sequence[str]) -> list[str]:
     if isinstance(argv, str) or not argv:
         raise ValueError("a live process needs a non-empty argv list")
@@ -155,6 +162,22 @@ class Sandbox(ABC):
             for i, job in enumerate(jobs):
                 tg.start_soon(one, i, job)
         return [r for r in results if r is not None]
+
+    async def exec_python(
+        self,
+        source: bytes | str,
+        *,
+        cpu_limit_s: int | None = None,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        """Run a Python program as `python3 -` with it on stdin would, its CPU time capped
+        at `cpu_limit_s` seconds (RLIMIT_CPU: the program is killed there, exit 137); the
+        result and what it raises as for `exec`. This default execs exactly that; docker's
+        execd forks the program from a warm interpreter instead (a fork, not an interpreter
+        start; where that would behave differently it starts a fresh one)."""
+        return await self.exec(python_argv(cpu_limit_s), timeout=timeout, env=env, cwd=cwd, stdin=source)
 
     async def start_live(
         self,

@@ -175,6 +175,26 @@ async def env_cwd_and_stdin(provider: Provider, spec: SandboxSpec) -> None:
         expect(r.stdout == "HELLO SANDBOX\n", f"stdin round trip gave {r.stdout!r}")
 
 
+async def exec_python_runs_like_python3(provider: Provider, spec: SandboxSpec) -> None:
+    async with _sandbox(provider, spec) as sb:
+        await sb.exec("mkdir -p sub")
+        prog = (
+            "import os, sys\n"
+            "print(sys.argv, sys.path[0] == '', os.environ.get('FROM_CALL'), os.getcwd().endswith('/sub'), sys.stdin.read() == '')\n"
+            "print('err', file=sys.stderr)\n"
+            "sys.exit(7)\n"
+        )
+        r = await sb.exec_python(prog, env={"FROM_CALL": "c"}, cwd="sub", cpu_limit_s=5)
+        got = (r.exit_code, r.stdout, r.stderr)
+        want = (7, "['-'] True c True True\n", "err\n")
+        expect(got == want, f"exec_python gave (exit, stdout, stderr) = {got!r}, expected {want!r} (as `python3 -` would)")
+        r = await sb.exec_python("def f():\n    raise ValueError('boom')\nf()\n")
+        lines = r.stderr.splitlines()
+        expect(r.exit_code == 1 and lines[:1] == ["Traceback (most recent call last):"] and lines[-1:] == ["ValueError: boom"]
+               and '  File "<stdin>", line 3, in <module>' in lines,
+               f"an uncaught exception gave exit {r.exit_code} and stderr {r.stderr!r}, expected 1 and python3's traceback of <stdin>")
+
+
 async def timeout_kills_children(provider: Provider, spec: SandboxSpec) -> None:
     async with _sandbox(provider, spec) as sb:
         t0 = time.monotonic()
@@ -666,6 +686,8 @@ CHECKS: tuple[Check, ...] = (
           exec_stdout_stderr_exit_code),
     Check("env_cwd_and_stdin", "spec and call env merge; cwd is relative to the workdir; stdin reaches the command",
           env_cwd_and_stdin),
+    Check("exec_python_runs_like_python3", "exec_python: exit code, stdout, stderr, argv, sys.path, env, cwd, stdin and tracebacks as `python3 -` has them",
+          exec_python_runs_like_python3),
     Check("timeout_kills_children", "a timeout reports 124 promptly and kills the command's children",
           timeout_kills_children),
     Check("output_is_capped_and_binary_survives", "output is capped at the spec's limit; binary bytes survive",

@@ -79,6 +79,20 @@ class ManagedSandbox(Sandbox):
             await self._guard(hooks.run("after_exec", self, cmd, result))
         return result
 
+    async def exec_python(
+        self,
+        source: bytes | str,
+        *,
+        cpu_limit_s: int | None = None,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        hooks = self._manager.hooks
+        if hooks.has("before_exec") or hooks.has("after_exec"):  # as the exec it stands for, through exec's hooks
+            return await super().exec_python(source, cpu_limit_s=cpu_limit_s, timeout=timeout, env=env, cwd=cwd)
+        return await self.inner.exec_python(source, cpu_limit_s=cpu_limit_s, timeout=timeout, env=env, cwd=cwd)
+
     async def exec_many(self, jobs: Sequence[ExecJob], *, parallel: int | None = None) -> list[ExecResult]:
         hooks = self._manager.hooks
         if hooks.has("before_exec") or hooks.has("after_exec"):
@@ -279,8 +293,12 @@ class SandboxManager:
         if self._closed:
             raise RuntimeError("SandboxManager is closed")
         spec = spec or SandboxSpec()
-        self.provider.check(spec)  # bad specs fail here, before any container is made
         key = spec.key()
+        if not self._idle[key]:
+            # Bad specs fail here, before any container is made. A warm one's spec passed
+            # when it was made; checking again per lease cost a blocking engine call each
+            # (HumanEval: 164 image inspections, 0.85 s of a 3.5 s eval).
+            self.provider.check(spec)
         while True:
             while self._idle[key]:
                 sb = self._idle[key].popleft()

@@ -5,6 +5,7 @@ the pool sized by what scoring can use, and batch scoring (one exec_many per san
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from sandgym.core.evaluation import run_eval
 from sandgym.core.policies import get_policy
 from sandgym.envs.humaneval import run_tests, scoring_pool_size
 from sandgym.sandboxes import SandboxManager, SandboxSpec
+from sandgym.sandboxes.base import Sandbox
+from sandgym.sandboxes.providers.docker import DockerProvider
 from sandgym.sandboxes.spec import host_cpus
 from tests.conftest import require
 
@@ -73,6 +76,30 @@ async def test_oracle_and_null_with_reuse_and_batching(batch: bool, tmp_path: Pa
                          num_examples=n, concurrency=4, provider="docker")
     assert good["num_rollouts"] == n and good["reward_mean"] == 1.0 and good["errors"] == 0
     assert bad["num_rollouts"] == n and bad["reward_mean"] == 0.0 and bad["errors"] == 0
+
+
+class CountingDocker(DockerProvider):
+    """The Docker provider, counting the sandboxes it makes."""
+
+    made = 0
+
+    async def create(self, spec: SandboxSpec, labels: Mapping[str, str]) -> Sandbox:
+        self.made += 1
+        return await super().create(spec, labels)
+
+
+async def test_an_eval_longer_than_its_pool_makes_no_sandbox_after_the_pool(tmp_path: Path) -> None:
+    """Rollouts outnumber sandboxes: each sandbox scores many rollouts, reset in between, and
+    the end of the run makes none anew. (The pool once shrank to the rollouts not yet
+    started, destroying sandboxes that started rollouts were about to score in, and made
+    new containers for them.)"""
+    require("docker")
+    env = envs.load_environment("humaneval", num_examples=24)
+    provider = CountingDocker()
+    s = await run_eval(env, get_policy("oracle", env), "oracle", output_dir=tmp_path / "run", concurrency=8, provider=provider)
+    assert s["num_rollouts"] == 24 and s["reward_mean"] == 1.0 and s["errors"] == 0, s
+    assert env.sandbox_spec is not None
+    assert provider.made <= scoring_pool_size(8, env.sandbox_spec), provider.made
 
 
 LOOP = "def f():\n    while True:\n        pass\n"

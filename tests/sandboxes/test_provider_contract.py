@@ -99,7 +99,7 @@ async def test_a_broken_provider_fails_the_checks_it_breaks() -> None:
     report = await run_contract(provider)
     failed = {r.name: r.message for r in report.failures}
     # (the shell live process still sees stderr: its poll reads the stderr file over stdout)
-    lost_stderr = {"exec_stdout_stderr_exit_code", "stderr_is_capped_too", "concurrent_execs"}
+    lost_stderr = {"exec_stdout_stderr_exit_code", "stderr_is_capped_too", "concurrent_execs", "exec_python_runs_like_python3"}
     blind_list = {"not_root_and_listed_with_labels", "list_filters_by_labels"}
     assert set(failed) == lost_stderr | blind_list, report.table()
     assert "'err\\n'" in failed["exec_stdout_stderr_exit_code"]
@@ -107,7 +107,8 @@ async def test_a_broken_provider_fails_the_checks_it_breaks() -> None:
     assert "does not show sandbox" in failed["not_root_and_listed_with_labels"]
     assert "list(its label) gave []" in failed["list_filters_by_labels"]
     assert not report.ok and len(report.results) == len(CHECKS)
-    assert f"careless: {len(CHECKS) - 5}/{len(CHECKS)} checks passed" in report.table()
+    assert "expected (7, \"['-'] True c True True\\n\", 'err\\n')" in failed["exec_python_runs_like_python3"]
+    assert f"careless: {len(CHECKS) - 6}/{len(CHECKS)} checks passed" in report.table()
 
 
 async def test_a_check_that_raises_is_a_failure_not_a_crash() -> None:

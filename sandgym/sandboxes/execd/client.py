@@ -354,6 +354,28 @@ class ExecdClient:
         )
         return _to_result(reply["result"], out, err, output_limit)
 
+    async def python(
+        self,
+        source: bytes | str,
+        *,
+        cpu_limit_s: int | None = None,
+        timeout: float | None = 60.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult:
+        """Run a Python program as `python3 -` with it on stdin would, under RLIMIT_CPU of
+        `cpu_limit_s`: forked from execd's warm interpreter (a fork, not an interpreter
+        start), or a fresh one where that would behave differently (server.py's run_python).
+        An execd from before this op raises ExecdRequestError ("bad_request", unknown op)."""
+        timeout = 60.0 if timeout is None else timeout
+        header = _job_header(["python3", "-"], timeout, env, cwd, True, output_limit)
+        header["op"] = "python"
+        if cpu_limit_s:
+            header["cpu_limit_s"] = int(cpu_limit_s)
+        reply, (out, err) = await self._request(header, [as_bytes(source)], deadline_s=timeout + self.grace_s)
+        return _to_result(reply["result"], out, err, output_limit)
+
     async def batch_exec(
         self, jobs: Sequence[BatchJob | Mapping[str, Any]], *, parallel: int | None = None
     ) -> list[ExecResult]:

@@ -11,13 +11,15 @@ big-endian length, that many bytes of UTF-8 JSON (the header), then raw payloads
 lengths the header lists in "blobs". Bytes (stdin, stdout, file contents, tar archives)
 therefore never pass through base64 or JSON.
 A connection carries one request at a time; a client keeps several connections for
-concurrency. Requests carry "op": ping, exec, batch_exec, read_file, write_file,
+concurrency. Requests carry "op": ping, exec, python, batch_exec, read_file, write_file,
 put_archive, get_archive, live, attach, signal, reset. Replies carry "ok" and either the op's
 fields or "error": {"code", "message"}. An exec with "stream": true is preceded by
 {"event": "output"} frames. "live" starts a live process that owns its connection from then
 on (stdin frames in, output frames out, see run_live) and outlives it; "attach" makes another
 connection its client (see Live); "signal" reaches such a process's group by its pid;
-"reset" readies a reused sandbox for its next user without a process.
+"reset" readies a reused sandbox for its next user without a process; "python" runs a
+Python program (the stdin blob) as `python3 -` would, forked from a warm interpreter that
+execd keeps (warm_python.py), under RLIMIT_CPU when "cpu_limit_s" is given.
 
 Commands run in their own session (process group). Past their timeout, or when the client
 hangs up mid-request, the whole group is SIGKILLed. Output is drained continuously and kept
@@ -55,18 +57,18 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 if TYPE_CHECKING:
     import tarfile
 
 if __package__:  # imported as sandgym.sandboxes.execd.server (host-side tests)
     from .capped import CappedBuffer
-    from .framing import FrameReader, recv_frame, send_frame
+    from .framing import FrameReader, encode, read_frame, recv_frame, send_frame
 else:  # run as a script in the sandbox; -I keeps this folder off sys.path (appended: stdlib first)
     sys.path.append(os.path.dirname(os.path.abspath(__file__)))
     from capped import CappedBuffer  # type: ignore[import-not-found, no-redef]
-    from framing import FrameReader, recv_frame, send_frame  # type: ignore[import-not-found, no-redef]
+    from framing import FrameReader, encode, read_frame, recv_frame, send_frame  # type: ignore[import-not-found, no-redef]
 
 PROTOCOL = 1
 CHUNK = 1 << 16
@@ -210,7 +212,7 @@ def _result(code: int, timed_out: bool, oom: bool, t_out: bool, t_err: bool, t0:
     }
 
 
-def _exit_seen(proc: subprocess.Popen[bytes], pidfd: int, exited_at: Optional[float], now: float) -> Optional[float]:
+def _exit_seen(proc: _Process, pidfd: int, exited_at: Optional[float], now: float) -> Optional[float]:
     """When the command's exit was first seen: from its pidfd's event (the caller's select),
     or, without a pidfd, by polling."""
     if exited_at is None and pidfd < 0 and proc.poll() is not None:
@@ -277,7 +279,7 @@ def run_command(
 
 
 def _supervise(
-    proc: subprocess.Popen[bytes],
+    proc: _Process,
     stdin: Optional[bytes],
     timeout: float,
     limit: int,
@@ -388,6 +390,265 @@ def _supervise(
     if timed_out:
         code = TIMEOUT_EXIT
     return (_result(code, timed_out, oom, out.truncated, err.truncated, t0), out.getvalue(), err.getvalue())
+
+
+# ----------------------------------------------------------------------------- warm python
+
+
+class _Process(Protocol):
+    """What _supervise needs of a command: a subprocess.Popen, or a _Forked program."""
+
+    pid: int
+    stdin: Optional[IO[bytes]]
+    stdout: Optional[IO[bytes]]
+    stderr: Optional[IO[bytes]]
+
+    def poll(self) -> Optional[int]: ...
+
+    def wait(self) -> int: ...
+
+
+# PYTHON* variables the warm interpreter's child applies itself; any other sends the
+# program to a fresh interpreter (warm_python.py says why).
+_WARM_ENV_OK = ("PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED")
+_WARM_BOOT = "import sys; sys.path.insert(0, %r); import warm_python; warm_python.main()"
+_WARM_STATUS_S = 5.0  # a child ended; its status must follow within this, or the interpreter is stuck
+_WARM_START_TRIES = 3  # it died this often before ever forking: not usable here
+
+
+class _Forked:
+    """A program forked by the warm interpreter, as _supervise sees a Popen: its pid, its
+    output pipes and its exit status (reported by the interpreter, its parent)."""
+
+    stdin: Optional[IO[bytes]] = None  # the program came on it: nothing more to send
+
+    def __init__(self, out_r: int, err_r: int) -> None:
+        self.pid = 0
+        self.started = threading.Event()
+        self.stdout: Optional[IO[bytes]] = os.fdopen(out_r, "rb", buffering=0)
+        self.stderr: Optional[IO[bytes]] = os.fdopen(err_r, "rb", buffering=0)
+        self.returncode: Optional[int] = None
+        self.lost = False  # the interpreter died first: the exit status is unknown
+        self.ended = threading.Event()
+
+    def end(self, status: Optional[int]) -> None:
+        if status is None:
+            self.lost, self.returncode = True, 255
+        else:
+            self.returncode = os.waitstatus_to_exitcode(status)
+        self.ended.set()
+
+    def poll(self) -> Optional[int]:
+        return self.returncode if self.ended.is_set() else None
+
+    def wait(self) -> int:
+        if not self.ended.wait(_WARM_STATUS_S):
+            WARM.kill()  # stopped or wedged: its children are then reported lost
+            self.ended.wait()
+        assert self.returncode is not None
+        return self.returncode
+
+
+class WarmPython:
+    """The warm interpreter (warm_python.py): started at the first "python" job, kept across
+    `reset` (it holds only what it imported at its start), started again when it died."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.sock: Optional[socket.socket] = None
+        self.pending: Dict[int, _Forked] = {}  # job id -> not yet forked
+        self.children: Dict[int, _Forked] = {}  # pid -> running
+        self.next_id = 0
+        self.failed_starts = 0
+        self.unusable = shutil.which("python3") is None
+
+    def pid(self) -> Optional[int]:
+        proc = self.proc
+        return proc.pid if proc is not None else None
+
+    def fits(self, job_env: Dict[str, str], full_env: Dict[str, str]) -> bool:
+        """Whether a fresh `python3 -` would behave as a forked child does (else it runs)."""
+        if self.unusable:
+            return False
+        if any(k.startswith("PYTHON") and k not in _WARM_ENV_OK for k in full_env):
+            return False
+        if any((k in ("LANG", "LANGUAGE") or k.startswith("LC_")) and v != os.environ.get(k) for k, v in job_env.items()):
+            return False  # its streams' encoding was chosen at its start
+        home = full_env.get("HOME")
+        site = "%s/.local/lib/python%d.%d/site-packages" % (home, sys.version_info[0], sys.version_info[1])
+        return not (home and os.path.isdir(site))
+
+    def _start(self) -> socket.socket:
+        parent, child = socket.socketpair()
+        try:
+            proc = subprocess.Popen(
+                ["python3", "-I", "-c", _WARM_BOOT % os.path.dirname(os.path.abspath(__file__)), str(child.fileno())],
+                pass_fds=(child.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd="/",
+                start_new_session=True,
+            )
+        except OSError:
+            parent.close()
+            self.unusable = True
+            raise
+        finally:
+            child.close()
+        _prefer_for_oom(proc.pid)  # its children inherit the commands' score
+        self.proc, self.sock = proc, parent
+        threading.Thread(target=self._read, args=(parent, proc), name="warm-python", daemon=True).start()
+        return parent
+
+    def _read(self, sock: socket.socket, proc: subprocess.Popen[bytes]) -> None:
+        while True:
+            try:
+                frame = read_frame(sock.recv)
+            except (EOFError, OSError, ValueError):
+                frame = None
+            if frame is None:
+                break
+            msg = frame[0]
+            with self.lock:
+                if "id" in msg:
+                    forked = self.pending.pop(int(msg["id"]), None)
+                    if forked is not None:
+                        self.failed_starts = 0
+                        forked.pid = int(msg["pid"])
+                        self.children[forked.pid] = forked
+                        forked.started.set()
+                else:
+                    child = self.children.pop(int(msg["pid"]), None)
+                    if child is not None:
+                        child.end(int(msg["status"]))
+        with self.lock:
+            if self.sock is sock:
+                self.proc = self.sock = None
+            if self.pending:
+                self.failed_starts += 1
+                self.unusable = self.unusable or self.failed_starts >= _WARM_START_TRIES
+            for forked in self.pending.values():
+                forked.started.set()  # pid 0: not forked, the caller runs it elsewhere
+            for child in self.children.values():
+                child.end(None)
+            self.pending.clear()
+            self.children.clear()
+        sock.close()
+        try:
+            proc.kill()
+        except OSError:
+            pass
+        proc.wait()
+
+    def kill(self) -> None:
+        proc = self.proc
+        if proc is not None:
+            try:
+                proc.kill()  # the reader sees the hang-up and reports its children lost
+            except OSError:
+                pass
+
+    def kill_if_stopped(self) -> None:
+        """A stopped interpreter (SIGSTOP from a sandbox user: same uid) would hang the
+        next user's programs: kill it at reset, the next job starts another."""
+        pid = self.pid()
+        if pid is None:
+            return
+        try:
+            with open("/proc/%d/stat" % pid, "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in (b"T", b"t"):
+            self.kill()
+
+    def spawn(self, source: bytes, env: Dict[str, str], cwd: Optional[str], cpu_limit_s: Optional[int]) -> Optional[_Forked]:
+        """The program forked and running, or None when the interpreter could not take it
+        (then nothing of it ran)."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        forked = _Forked(out_r, err_r)
+        sent = False
+        try:
+            with self.lock:
+                sock = self.sock or self._start()
+                self.next_id += 1
+                job_id = self.next_id
+                self.pending[job_id] = forked
+                header = {"id": job_id, "env": env, "cwd": cwd, "cpu_limit_s": cpu_limit_s}
+                data = b"".join(encode(header, [source]))
+                try:
+                    n = socket.send_fds(sock, [data], [out_w, err_w])
+                    if n < len(data):
+                        sock.sendall(data[n:])
+                    sent = True
+                except OSError:
+                    self.pending.pop(job_id, None)
+        except OSError:
+            pass
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        if sent and not forked.started.wait(_WARM_STATUS_S):
+            self.kill()
+            forked.started.wait()
+        if not forked.pid:
+            for pipe in (forked.stdout, forked.stderr):
+                if pipe is not None:
+                    pipe.close()
+            return None
+        return forked
+
+
+WARM = WarmPython()
+
+
+def run_python(
+    source: bytes,
+    *,
+    cpu_limit_s: Optional[int],
+    env: Optional[Dict[str, str]],
+    cwd: Optional[str],
+    timeout: float,
+    limit: int,
+    cancel_fd: Optional[int] = None,
+) -> Tuple[Dict[str, Any], bytes, bytes]:
+    """Run a Python program as `python3 -` with it on stdin would (under RLIMIT_CPU when
+    asked), forked from the warm interpreter when that behaves the same, else in a fresh
+    one. Returns what run_command returns."""
+    t0 = time.monotonic()
+    job_env = {str(k): str(v) for k, v in (env or {}).items()}
+    full_env = dict(os.environ)
+    full_env.update(job_env)
+    proc = None
+    if WARM.fits(job_env, full_env):
+        oom_before = _oom_kill_counter()
+        with REGISTRY.lock:
+            if REGISTRY.stopping:
+                raise RequestError("stopping", "execd is shutting down")
+        proc = WARM.spawn(source, full_env, cwd, cpu_limit_s)
+    if proc is None:
+        argv = ["python3", "-"] if not cpu_limit_s else ["sh", "-c", "ulimit -t %d && exec python3 -" % int(cpu_limit_s)]
+        return run_command(argv, env=env, cwd=cwd, stdin=source, timeout=timeout, limit=limit, cancel_fd=cancel_fd)
+    with REGISTRY.lock:
+        REGISTRY.pids.add(proc.pid)
+        stopping = REGISTRY.stopping
+    if stopping:
+        _killpg(proc.pid)
+    try:
+        res, out, err = _supervise(proc, None, timeout, limit, cancel_fd, None, oom_before, t0)
+    except BaseException:
+        _killpg(proc.pid)
+        proc.wait()
+        raise
+    finally:
+        with REGISTRY.lock:
+            REGISTRY.pids.discard(proc.pid)
+    if proc.lost and not res["timed_out"]:
+        err += b"sandgym-execd: the warm interpreter that ran this program died; its exit status is unknown\n"
+    return res, out, err
 
 
 # ----------------------------------------------------------------------------- live processes
@@ -857,8 +1118,9 @@ def _empty(d: str) -> None:
 
 def reset(dirs: List[str], workdir: Optional[str]) -> None:
     """What a reused sandbox needs between users, without starting a process: every process
-    but init and execd killed, `dirs` emptied, the workdir (when it is ours) mode 0755."""
-    _kill_all_but({1, os.getpid()})
+    but init, execd and the warm interpreter (warm_python.py) killed, `dirs` emptied, the workdir (when it is ours) mode 0755."""
+    WARM.kill_if_stopped()
+    _kill_all_but({1, os.getpid(), WARM.pid() or 1})
     for d in dirs:
         _empty(d)
     if workdir:
@@ -999,6 +1261,12 @@ def handle(conn: socket.socket, h: Dict[str, Any], blobs: List[bytes], deadline:
 
             on_output = stream_output
         res, so, se = run_command(h.get("argv") or [], cancel_fd=conn.fileno(), on_output=on_output, **_exec_args(h, blobs))
+        send_frame(conn, {"ok": True, "result": res}, [so, se])
+    elif op == "python":
+        kw = _exec_args(h, blobs)
+        source = kw.pop("stdin") or b""
+        cpu = h.get("cpu_limit_s")
+        res, so, se = run_python(source, cpu_limit_s=int(cpu) if cpu else None, cancel_fd=conn.fileno(), **kw)
         send_frame(conn, {"ok": True, "result": res}, [so, se])
     elif op == "batch_exec":
         handle_batch(conn, h, blobs)
@@ -1182,6 +1450,7 @@ def serve(
             _unlink_if_ours(args.socket, ident)
             sock.close()
         REGISTRY.kill_all()
+        WARM.kill()
     # Exit now: worker threads blocked on dead commands or dead clients need no goodbye.
     sys.stdout.flush()
     os._exit(0)

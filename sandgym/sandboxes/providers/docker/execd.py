@@ -38,6 +38,7 @@ from typing import TypeVar
 
 import anyio
 
+from ...base import python_argv
 from ...errors import SandboxError, SandboxGoneError
 from ...execd import (
     CONTAINER_EXECD_DIR,
@@ -172,6 +173,7 @@ class DockerExecdTransport(ExecdTransport):
         super().__init__(socket_path, grace_s=grace_s)
         self._container_running = container_running
         self.execd_pid: int | None = None
+        self._python_op = True  # until an older execd says it has no "python" op
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
         info = await self.client.wait_ready(timeout)
@@ -250,19 +252,58 @@ class DockerExecdTransport(ExecdTransport):
     ) -> ExecResult:
         token = uuid.uuid4().hex
         full_env = {**(env or {}), EXEC_ID_ENV: token}
-        started = time.monotonic()
 
         async def once() -> ExecResult:
             return await self.client.exec(
                 list(argv), timeout=timeout, env=full_env, cwd=cwd, stdin=stdin, output_limit=limit
             )
 
+        return await self._exec_call("exec", once, token, limit, cwd)
+
+    async def exec_python(
+        self,
+        source: bytes,
+        *,
+        cpu_limit_s: int | None,
+        timeout: float,
+        limit: int,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        """A Python program forked from execd's warm interpreter ("python" op); an execd from
+        before that op runs `python3 -` as a command."""
+        if self._python_op:
+            token = uuid.uuid4().hex
+            full_env = {**(env or {}), EXEC_ID_ENV: token}
+
+            async def once() -> ExecResult:
+                return await self.client.python(
+                    source, cpu_limit_s=cpu_limit_s, timeout=timeout, env=full_env, cwd=cwd, output_limit=limit
+                )
+
+            try:
+                return await self._exec_call("python", once, token, limit, cwd, unknown_op_raises=True)
+            except ExecdRequestError as exc:
+                if exc.code != "bad_request" or "unknown op" not in str(exc):
+                    raise
+                self._python_op = False  # an older execd (adopted across an upgrade)
+        return await self.exec(python_argv(cpu_limit_s), timeout=timeout, limit=limit, env=env, cwd=cwd, stdin=source)
+
+    async def _exec_call(
+        self, what: str, once: Callable[[], Awaitable[ExecResult]], token: str, limit: int, cwd: str | None,
+        *, unknown_op_raises: bool = False,
+    ) -> ExecResult:
+        """One command through `_call`, what it started swept when it ended badly; a refusal
+        or a failed request is the command's failure (it may have run: no retry)."""
+        started = time.monotonic()
         try:
-            res = await self._call("exec", once)
+            res = await self._call(what, once)
         except ExecdRestartedError:
             await self._sweep([token])  # what it started may still run under init
             raise
         except ExecdRequestError as exc:
+            if unknown_op_raises and exc.code == "bad_request" and "unknown op" in str(exc):
+                raise  # nothing ran
             # execd took the request but failed it (e.g. no thread to be had under a
             # full pids limit); the command may have run, so no retry: report it as failed.
             await self._sweep([token])
