@@ -5,6 +5,7 @@ user's; reset keeps the interpreter and kills the programs' leftovers."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -73,6 +74,14 @@ async def test_a_program_is_forked_and_runs_as_python3_dash_would(sb: Sandbox) -
     )
     assert (r.exit_code, r.stdout) == (0, "thread\natexit\n"), r.stderr
     assert (await sb.read_file("/tmp/unclosed")) == b"kept"
+    # What the interpreter imported for itself is not there: a file in the working directory
+    # shadows the standard library as in a fresh interpreter; __builtins__ is the module.
+    await sb.write_file("/tmp/json.py", "WHO = 'the local json.py'\n")
+    r = await sb.exec_python("import json, os; print(json.WHO, type(__builtins__).__name__, os.getsid(0) == os.getpid())", cwd="/tmp")
+    assert (r.exit_code, r.stdout) == (0, "the local json.py module True\n"), r
+    # An uncaught KeyboardInterrupt ends it by SIGINT, as python3 ends.
+    r = await sb.exec_python("raise KeyboardInterrupt")
+    assert r.exit_code == 130 and not r.timed_out and r.stderr.rstrip().endswith("KeyboardInterrupt"), r
     # Each child draws its own random state.
     draws = {(await sb.exec_python("import random; print(random.random())")).stdout for _ in range(3)}
     assert len(draws) == 3
@@ -117,3 +126,42 @@ async def test_reset_keeps_the_interpreter_and_kills_what_programs_left(sb: Sand
     assert await sb.reset()
     assert (await sb.exec(["pgrep", "-f", "sleep 391"])).exit_code == 1
     assert await _pid(sb) == pid
+
+
+async def test_the_interpreter_starts_only_while_no_user_process_runs(sb: Sandbox) -> None:
+    """A process of the sandbox user could reach it while it starts (before it is not
+    dumpable): it starts only when none runs, else programs get a fresh interpreter until
+    the reset that ends that process."""
+    assert (await sb.exec("setsid sleep 393 >/dev/null 2>&1 < /dev/null &")).exit_code == 0
+    assert "warm_python" not in await _parent(sb)
+    assert await sb.reset()
+    assert "warm_python" in await _parent(sb)
+
+
+async def test_no_program_enters_the_interpreters_memory(sb: Sandbox) -> None:
+    """Each child inherits the interpreter's memory: a program's source (another user's tests)
+    must never pass through it. Read it from the host (root may read any process)."""
+    marker = "never-in-the-parent-" + uuid.uuid4().hex
+    assert (await sb.exec_python(f"x = {marker!r}\nprint(len(x))")).exit_code == 0
+    import docker
+
+    top = docker.from_env().api.top(sb.id, ps_args="-o pid,args")["Processes"]
+    host_pid = next(int(p[0]) for p in top if "warm_python.main" in p[1])
+    assert not _memory_holds(host_pid, marker.encode()), "the program's source is in the warm interpreter's memory"
+
+
+def _memory_holds(pid: int, needle: bytes) -> bool:
+    """Whether any readable mapping of process `pid` holds `needle` (read as root)."""
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+        for line in maps:
+            span, perms = line.split()[:2]
+            if not perms.startswith("r"):
+                continue
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            try:
+                mem.seek(lo)
+                if needle in mem.read(hi - lo):
+                    return True
+            except (OSError, OverflowError, ValueError):
+                continue
+    return False

@@ -411,16 +411,31 @@ class _Process(Protocol):
 # PYTHON* variables the warm interpreter's child applies itself; any other sends the
 # program to a fresh interpreter (warm_python.py says why).
 _WARM_ENV_OK = ("PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED")
-_WARM_BOOT = "import sys; sys.path.insert(0, %r); import warm_python; warm_python.main()"
+_WARM_BOOT = "import sys; base = set(sys.modules); sys.path.insert(0, %r); import warm_python; warm_python.main(base)"
 _WARM_STATUS_S = 5.0  # a child ended; its status must follow within this, or the interpreter is stuck
 _WARM_START_TRIES = 3  # it died this often before ever forking: not usable here
+
+
+def _others_running() -> bool:
+    """Whether any process but init and this execd runs (a sandbox user's)."""
+    mine = {1, os.getpid()}
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in mine:
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
 
 
 class _Forked:
     """A program forked by the warm interpreter, as _supervise sees a Popen: its pid, its
     output pipes and its exit status (reported by the interpreter, its parent)."""
 
-    stdin: Optional[IO[bytes]] = None  # the program came on it: nothing more to send
+    stdin: Optional[IO[bytes]] = None  # the program came in its body: nothing more to send
 
     def __init__(self, out_r: int, err_r: int) -> None:
         self.pid = 0
@@ -442,16 +457,27 @@ class _Forked:
         return self.returncode if self.ended.is_set() else None
 
     def wait(self) -> int:
-        if not self.ended.wait(_WARM_STATUS_S):
-            WARM.kill()  # stopped or wedged: its children are then reported lost
-            self.ended.wait()
+        """Its exit status, once the interpreter reports it. Called once the program has
+        ended or was killed; should no status follow, the program is killed again, a stopped
+        interpreter killed, and at last any interpreter (its children are then lost)."""
+        for last_resort in (False, False, True):
+            if self.ended.wait(_WARM_STATUS_S):
+                break
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            if last_resort or WARM.stopped():
+                WARM.kill()
+        self.ended.wait()
         assert self.returncode is not None
         return self.returncode
 
 
 class WarmPython:
-    """The warm interpreter (warm_python.py): started at the first "python" job, kept across
-    `reset` (it holds only what it imported at its start), started again when it died."""
+    """The warm interpreter (warm_python.py): started only while no sandbox user's process
+    runs (so none can reach it before it is out of their reach), kept across `reset`,
+    started again after the reset that follows its death."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -461,7 +487,19 @@ class WarmPython:
         self.children: Dict[int, _Forked] = {}  # pid -> running
         self.next_id = 0
         self.failed_starts = 0
-        self.unusable = shutil.which("python3") is None
+        self.wanted = False  # a program asked for it: start it again at reset
+        self.python = shutil.which("python3")
+        self.unusable = self.python is None
+        self._site = self._site_dirs()
+
+    @staticmethod
+    def _site_dirs() -> List[str]:
+        try:
+            import site
+
+            return [d for d in site.getsitepackages() if os.path.isdir(d)]
+        except Exception:
+            return []
 
     def pid(self) -> Optional[int]:
         proc = self.proc
@@ -475,11 +513,30 @@ class WarmPython:
             return False
         if any((k in ("LANG", "LANGUAGE") or k.startswith("LC_")) and v != os.environ.get(k) for k, v in job_env.items()):
             return False  # its streams' encoding was chosen at its start
+        if "PATH" in job_env and shutil.which("python3", path=job_env["PATH"]) != self.python:
+            return False  # another python3 (a virtualenv's)
         home = full_env.get("HOME")
         site = "%s/.local/lib/python%d.%d/site-packages" % (home, sys.version_info[0], sys.version_info[1])
-        return not (home and os.path.isdir(site))
+        if home and os.path.isdir(site):
+            return False
+        # Packages a sandbox user can install (.pth files are read at an interpreter's start)
+        return not any(os.access(d, os.W_OK) for d in self._site)
 
-    def _start(self) -> socket.socket:
+    def ensure(self) -> bool:
+        """Start it if it is not running and no sandbox user's process runs; whether it
+        runs. The caller holds REGISTRY.lock, so no command starts meanwhile."""
+        self.wanted = True
+        if self.sock is not None:
+            return True
+        if self.unusable or _others_running():
+            return False
+        try:
+            self._start()
+        except OSError:
+            return False
+        return True
+
+    def _start(self) -> None:
         parent, child = socket.socketpair()
         try:
             proc = subprocess.Popen(
@@ -497,10 +554,24 @@ class WarmPython:
             raise
         finally:
             child.close()
+        try:
+            parent.settimeout(10)
+            hello = read_frame(parent.recv)  # sent once it is not dumpable
+            parent.settimeout(None)
+            if hello is None or not hello[0].get("ready"):
+                raise OSError("the warm interpreter did not start")
+            reader = threading.Thread(target=self._read, args=(parent, proc), name="warm-python", daemon=True)
+            reader.start()
+        except (OSError, EOFError, ValueError, RuntimeError) as exc:
+            parent.close()
+            proc.kill()
+            proc.wait()
+            self.failed_starts += 1
+            self.unusable = self.unusable or self.failed_starts >= _WARM_START_TRIES
+            raise OSError("the warm interpreter did not start: %r" % (exc,)) from None
         _prefer_for_oom(proc.pid)  # its children inherit the commands' score
-        self.proc, self.sock = proc, parent
-        threading.Thread(target=self._read, args=(parent, proc), name="warm-python", daemon=True).start()
-        return parent
+        with self.lock:
+            self.proc, self.sock = proc, parent
 
     def _read(self, sock: socket.socket, proc: subprocess.Popen[bytes]) -> None:
         while True:
@@ -519,16 +590,13 @@ class WarmPython:
                         forked.pid = int(msg["pid"])
                         self.children[forked.pid] = forked
                         forked.started.set()
-                else:
+                elif "pid" in msg:
                     child = self.children.pop(int(msg["pid"]), None)
                     if child is not None:
                         child.end(int(msg["status"]))
         with self.lock:
             if self.sock is sock:
                 self.proc = self.sock = None
-            if self.pending:
-                self.failed_starts += 1
-                self.unusable = self.unusable or self.failed_starts >= _WARM_START_TRIES
             for forked in self.pending.values():
                 forked.started.set()  # pid 0: not forked, the caller runs it elsewhere
             for child in self.children.values():
@@ -550,56 +618,74 @@ class WarmPython:
             except OSError:
                 pass
 
-    def kill_if_stopped(self) -> None:
-        """A stopped interpreter (SIGSTOP from a sandbox user: same uid) would hang the
-        next user's programs: kill it at reset, the next job starts another."""
+    def stopped(self) -> bool:
         pid = self.pid()
         if pid is None:
-            return
+            return False
         try:
             with open("/proc/%d/stat" % pid, "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
+                return f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
         except (OSError, IndexError):
-            return
-        if state in (b"T", b"t"):
+            return False
+
+    def after_reset(self) -> None:
+        """Once no sandbox user's process runs: a stopped interpreter (SIGSTOP from a user:
+        same uid) would hang the next user's programs, so it is killed; one that died is
+        started again if programs used it."""
+        if self.stopped():
             self.kill()
+            end = time.monotonic() + 5
+            while self.sock is not None and time.monotonic() < end:
+                time.sleep(0.005)  # its reader lets go of it
+        if self.wanted and self.sock is None:
+            with REGISTRY.lock:
+                self.ensure()
 
     def spawn(self, source: bytes, env: Dict[str, str], cwd: Optional[str], cpu_limit_s: Optional[int]) -> Optional[_Forked]:
         """The program forked and running, or None when the interpreter could not take it
         (then nothing of it ran)."""
+        body_r, body_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         forked = _Forked(out_r, err_r)
         sent = False
         try:
             with self.lock:
-                sock = self.sock or self._start()
-                self.next_id += 1
-                job_id = self.next_id
-                self.pending[job_id] = forked
-                header = {"id": job_id, "env": env, "cwd": cwd, "cpu_limit_s": cpu_limit_s}
-                data = b"".join(encode(header, [source]))
-                try:
-                    n = socket.send_fds(sock, [data], [out_w, err_w])
-                    if n < len(data):
-                        sock.sendall(data[n:])
-                    sent = True
-                except OSError:
-                    self.pending.pop(job_id, None)
-        except OSError:
-            pass
+                sock = self.sock
+                if sock is not None:
+                    self.next_id += 1
+                    job_id = self.next_id
+                    self.pending[job_id] = forked
+                    try:
+                        socket.send_fds(sock, [b"".join(encode({"id": job_id}))], [body_r, out_w, err_w])
+                        sent = True
+                    except OSError:
+                        self.pending.pop(job_id, None)
         finally:
-            os.close(out_w)
-            os.close(err_w)
+            for fd in (body_r, out_w, err_w):
+                os.close(fd)
         if sent and not forked.started.wait(_WARM_STATUS_S):
             self.kill()
             forked.started.wait()
+        if forked.pid:
+            try:  # only the child reads it: no program enters the interpreter's memory
+                for piece in encode({"env": env, "cwd": cwd, "cpu_limit_s": cpu_limit_s}, [source]):
+                    _write_all(body_w, piece)
+            except OSError:
+                pass  # it died before reading: its exit status says so
+        os.close(body_w)
         if not forked.pid:
             for pipe in (forked.stdout, forked.stderr):
                 if pipe is not None:
                     pipe.close()
             return None
         return forked
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 WARM = WarmPython()
@@ -616,19 +702,22 @@ def run_python(
     cancel_fd: Optional[int] = None,
 ) -> Tuple[Dict[str, Any], bytes, bytes]:
     """Run a Python program as `python3 -` with it on stdin would (under RLIMIT_CPU when
-    asked), forked from the warm interpreter when that behaves the same, else in a fresh
-    one. Returns what run_command returns."""
+    asked), forked from the warm interpreter when that behaves the same and runs, else in a
+    fresh one. Returns what run_command returns."""
     t0 = time.monotonic()
     job_env = {str(k): str(v) for k, v in (env or {}).items()}
     full_env = dict(os.environ)
     full_env.update(job_env)
     proc = None
+    oom_before = None
     if WARM.fits(job_env, full_env):
         oom_before = _oom_kill_counter()
         with REGISTRY.lock:
             if REGISTRY.stopping:
                 raise RequestError("stopping", "execd is shutting down")
-        proc = WARM.spawn(source, full_env, cwd, cpu_limit_s)
+            ready = WARM.ensure()
+        if ready:
+            proc = WARM.spawn(source, full_env, cwd, cpu_limit_s)
     if proc is None:
         argv = ["python3", "-"] if not cpu_limit_s else ["sh", "-c", "ulimit -t %d && exec python3 -" % int(cpu_limit_s)]
         return run_command(argv, env=env, cwd=cwd, stdin=source, timeout=timeout, limit=limit, cancel_fd=cancel_fd)
@@ -1119,8 +1208,8 @@ def _empty(d: str) -> None:
 def reset(dirs: List[str], workdir: Optional[str]) -> None:
     """What a reused sandbox needs between users, without starting a process: every process
     but init, execd and the warm interpreter (warm_python.py) killed, `dirs` emptied, the workdir (when it is ours) mode 0755."""
-    WARM.kill_if_stopped()
     _kill_all_but({1, os.getpid(), WARM.pid() or 1})
+    WARM.after_reset()
     for d in dirs:
         _empty(d)
     if workdir:

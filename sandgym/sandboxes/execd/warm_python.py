@@ -1,31 +1,34 @@
-"""The warm interpreter: a `python3 -I` that execd (server.py) starts once per sandbox and
-that forks a child per Python program ("python" op), so a program costs a fork instead of
-an interpreter start (10-17 ms of CPU per program under a 2-core host's load; HumanEval
-runs one per rollout). Standard library only, Python >= 3.9, loaded from execd's folder.
+"""The warm interpreter: a `python3 -I` that execd (server.py) keeps per sandbox and that
+forks a child per Python program ("python" op), so a program costs a fork instead of an
+interpreter start (10-17 ms of CPU per program under a 2-core host's load; HumanEval runs
+one per rollout). Standard library only, Python >= 3.9, loaded from execd's folder.
 
-Protocol (one socket pair with execd; framing.py frames): execd sends a job
-{"id", "env", "cwd", "cpu_limit_s"} with the program as its one blob and the child's stdout
-and stderr pipe ends attached (SCM_RIGHTS); the interpreter forks, replies {"id", "pid"},
-and when the child ends {"pid", "status"} (a wait status). When execd hangs up it kills its
-children's process groups and exits.
+Protocol (one socket pair with execd; framing.py frames): the interpreter says {"ready"}
+once it is not dumpable; then per program execd sends {"id"} with three pipe ends attached
+(SCM_RIGHTS): the job's body to read (a frame {"env", "cwd", "cpu_limit_s"} with the
+program as its blob), the child's stdout and stderr. The interpreter forks, replies
+{"id", "pid"}, and when the child ends {"pid", "status"} (a wait status). Only the child
+reads the body: no program's source or environment ever enters the interpreter's memory,
+which every later child inherits. When execd hangs up it kills its children and exits.
 
 The child runs the program as `python3 -` would: `__main__` a fresh module, sys.argv
-["-"], '' first on sys.path, the job's whole environment in os.environ, stdin at end of
-file (the program came on it), its own process group, RLIMIT_CPU when asked. What differs
-from a fresh interpreter, and why it is safe: the interpreter was started isolated (-I: no
-PYTHON* variables, no user site-packages, nothing from the working directory), so nothing
-a sandbox user writes can enter it, and it survives `reset` holding only the standard
-library it imported at its start; execd falls back to a plain `python3 -` for a job whose
-environment sets PYTHON* variables other than PYTHONDONTWRITEBYTECODE and PYTHONUNBUFFERED
-(applied in the child), changes the locale, or whose user site-packages folder exists. Children
-share the interpreter's str-hash seed (a fresh interpreter draws one per run). The
-interpreter is not dumpable (no process of the same user may ptrace it or open its
-descriptors); its children are again, like any program.
+["-"], '' first on sys.path, no module imported beyond what the interpreter's own start
+imported (so a file in the working directory shadows the standard library as it would),
+the job's whole environment in os.environ, stdin at end of file (the program came on it),
+a session of its own, RLIMIT_CPU when asked. Why that is safe across users: the
+interpreter was started isolated (-I: no PYTHON* variables, no user site-packages, nothing
+from the working directory) and only when no process of a sandbox user ran (server.py),
+so nothing a sandbox user writes can enter it, and it survives `reset` holding only the
+standard library. execd starts a fresh `python3 -` instead where a child would differ
+(server.py's WarmPython.fits). Children share the interpreter's str-hash seed (a fresh
+interpreter draws one per run). The interpreter is not dumpable (no process of the same
+user may ptrace it or open its descriptors); its children are again, like any program.
 """
 
 from __future__ import annotations
 
 import atexit
+import builtins
 import gc
 import io
 import os
@@ -35,13 +38,12 @@ import signal
 import socket
 import sys
 import types
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from framing import encode, read_frame  # type: ignore[import-not-found]  # execd's folder, put on sys.path by execd
 
-MAX_FDS = 4
+MAX_FDS = 3  # a job's body, stdout and stderr
 SETUP_EXIT = 126  # the child could not set itself up (a missing cwd): as a shell says "cannot run"
-OWN_MODULES = ("framing", "warm_python")
 
 
 def _nondumpable(flag: int) -> None:
@@ -57,8 +59,8 @@ def send(sock: socket.socket, header: Dict[str, Any]) -> None:
     sock.sendall(b"".join(encode(header)))
 
 
-def recv(sock: socket.socket) -> Tuple[Optional[Dict[str, Any]], List[bytes], List[int]]:
-    """The next job, its blobs and the descriptors that came with it (None: execd hung up)."""
+def recv(sock: socket.socket) -> Tuple[Optional[Dict[str, Any]], List[int]]:
+    """The next job and the descriptors that came with it (None: execd hung up)."""
     fds: List[int] = []
 
     def read(n: int) -> bytes:
@@ -68,18 +70,18 @@ def recv(sock: socket.socket) -> Tuple[Optional[Dict[str, Any]], List[bytes], Li
 
     try:
         frame = read_frame(read)
-    except (EOFError, OSError):
+    except (EOFError, OSError, ValueError):
         frame = None
-    if frame is None:
+    if frame is None or len(fds) != 3:
         for fd in fds:
             os.close(fd)
-        return None, [], []
-    return frame[0], frame[1], fds
+        return None, []
+    return frame[0], fds
 
 
-def serve(sock: socket.socket) -> Optional[Tuple[Dict[str, Any], bytes, List[int]]]:
-    """Fork a child per job until execd hangs up (then None). Returns in a child only:
-    its job, program and output descriptors."""
+def serve(sock: socket.socket) -> Optional[List[int]]:
+    """Fork a child per job until execd hangs up (then None). Returns in a child only: its
+    body, stdout and stderr descriptors."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # the wake-up fd does the work
@@ -88,6 +90,7 @@ def serve(sock: socket.socket) -> Optional[Tuple[Dict[str, Any], bytes, List[int
     sel.register(sock, selectors.EVENT_READ, "job")
     sel.register(wake_r, selectors.EVENT_READ, "child")
     children: set = set()
+    send(sock, {"ready": True})
     while True:
         for key, _ in sel.select():
             if key.data == "child":
@@ -105,7 +108,7 @@ def serve(sock: socket.socket) -> Optional[Tuple[Dict[str, Any], bytes, List[int
                     children.discard(pid)
                     send(sock, {"pid": pid, "status": status})
                 continue
-            job, blobs, fds = recv(sock)
+            job, fds = recv(sock)
             if job is None:
                 for pid in children:
                     try:
@@ -115,29 +118,31 @@ def serve(sock: socket.socket) -> Optional[Tuple[Dict[str, Any], bytes, List[int
                 return None
             pid = os.fork()
             if pid == 0:
+                os.setsid()  # its own session and group, as execd's commands have
                 sel.close()
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 for fd in (wake_r, wake_w):
                     os.close(fd)
                 sock.close()
-                return job, blobs[0] if blobs else b"", fds
-            try:
-                os.setpgid(pid, pid)  # also done by the child: whichever runs first
-            except OSError:
-                pass
+                return fds
             for fd in fds:
                 os.close(fd)
             children.add(pid)
             send(sock, {"id": job.get("id"), "pid": pid})
 
 
-def become_program(job: Dict[str, Any], fds: List[int]) -> None:
+def read_body(fd: int) -> Tuple[Dict[str, Any], bytes]:
+    """The job's environment, working directory and CPU limit, and the program."""
+    with os.fdopen(fd, "rb") as f:
+        frame = read_frame(f.read)
+    if frame is None:
+        os._exit(SETUP_EXIT)
+    return frame[0], frame[1][0] if frame[1] else b""
+
+
+def become_program(job: Dict[str, Any], fds: List[int], base: Set[str]) -> None:
     """In the child: the process `python3 -` would have been, but for the program itself."""
-    try:
-        os.setpgid(0, 0)
-    except OSError:
-        pass
     null = os.open(os.devnull, os.O_RDONLY)
     for target, fd in zip((0, 1, 2), [null, *fds]):
         os.dup2(fd, target)
@@ -168,32 +173,38 @@ def become_program(job: Dict[str, Any], fds: List[int]) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (int(cpu), int(cpu)))
     sys.argv[:] = ["-"]
     sys.path[:] = ["", *(p for p in sys.path if p != os.path.dirname(os.path.abspath(__file__)))]
-    for name in OWN_MODULES:
-        sys.modules.pop(name, None)
+    for name in list(sys.modules):
+        if name not in base:  # what this file imported: a program imports its own, from its sys.path
+            del sys.modules[name]
     main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = __builtins__
+    main.__dict__["__builtins__"] = builtins
     sys.modules["__main__"] = main
 
 
 def run(source: bytes) -> int:
-    """Run the program in the fresh `__main__`; its exit code. An uncaught exception is
-    printed (without this frame) and is 1; SystemExit says its code as the interpreter reads it."""
+    """Run the program in the fresh `__main__`; its exit code (-SIGINT for an uncaught
+    KeyboardInterrupt). An uncaught exception is printed (without this frame) and is 1;
+    SystemExit says its code as the interpreter reads it."""
     main = sys.modules["__main__"]
     try:
         code = compile(source, "<stdin>", "exec", dont_inherit=True)
         exec(code, main.__dict__)
     except SystemExit as exc:
-        if exc.code is None:
-            return 0
-        if isinstance(exc.code, int):
-            return exc.code & 0xFF
-        print(exc.code, file=sys.stderr)
-        return 1
+        return _exit_code(exc)
     except BaseException as exc:
         tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        return 1
+        return -signal.SIGINT if isinstance(exc, KeyboardInterrupt) else 1
     return 0
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
 
 
 def finish(code: int) -> None:
@@ -201,29 +212,43 @@ def finish(code: int) -> None:
     handlers, its objects finalized, streams flushed), without tearing down what the warm
     interpreter had loaded: that cost 10-18 ms per program, mostly copying the pages it
     shares with its parent."""
-    threading = sys.modules.get("threading")
-    shutdown = getattr(threading, "_shutdown", None)
-    if shutdown is not None:
-        shutdown()
-    atexit._run_exitfuncs()
-    sys.modules["__main__"].__dict__.clear()  # e.g. a file it never closed gets flushed
-    gc.collect()
+    try:
+        threading = sys.modules.get("threading")
+        shutdown = getattr(threading, "_shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        atexit._run_exitfuncs()  # prints what a handler raises (and re-raises it before 3.11)
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException:
+        pass
+    try:
+        sys.modules["__main__"].__dict__.clear()  # e.g. a file it never closed gets flushed
+        gc.collect()
+    except BaseException:
+        pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:
-            code = code or 120  # as the interpreter exits when it cannot flush
+        except BaseException:
+            code = 120  # as the interpreter exits when it cannot flush its streams
+    if code == -signal.SIGINT:  # as the interpreter ends on an uncaught KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        code = 128 + signal.SIGINT
     os._exit(code)
 
 
-def main() -> None:
+def main(base: Set[str]) -> None:
+    """`base`: the modules the interpreter had before this file was imported."""
     _nondumpable(0)
     sock = socket.socket(fileno=int(sys.argv[1]))
     gc.freeze()  # what is loaded now is never collected in a child: its pages stay shared
-    got = serve(sock)
-    if got is None:
+    fds = serve(sock)
+    if fds is None:
         return
-    job, source, fds = got
-    become_program(job, fds)
-    del job, got, sock
+    del sock
+    job, source = read_body(fds[0])
+    become_program(job, fds[1:], base)
+    del job, fds
     finish(run(source))
