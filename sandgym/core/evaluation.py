@@ -227,7 +227,7 @@ async def _roll_out(
         if mgr is not None and left < pool["target"]:
             pool["target"] = left
             for spec in {s.key(): s for s in env.sandbox_specs()}.values():
-                await mgr.warm(spec, left)
+                await mgr.warm(spec, left, wait=False)  # lowers the target; a rollout never waits on a fill
 
     async def one(row: Row, i: int, sink: list[State] | None) -> None:
         nonlocal finished
