@@ -142,11 +142,14 @@ async def test_no_program_enters_the_interpreters_memory(sb: Sandbox) -> None:
     """Each child inherits the interpreter's memory: a program's source (another user's tests)
     must never pass through it. Read it from the host (root may read any process)."""
     marker = "never-in-the-parent-" + uuid.uuid4().hex
-    assert (await sb.exec_python(f"x = {marker!r}\nprint(len(x))")).exit_code == 0
+    r = await sb.exec_python(f"import os\nx = {marker!r}\nprint(os.getppid(), open('/proc/%d/cmdline' % os.getppid()).read())")
+    assert r.exit_code == 0 and "warm_python" in r.stdout, (r, (await sb.exec(["ps", "-eo", "pid,ppid,stat,args"])).stdout)
     import docker
 
-    top = docker.from_env().api.top(sb.id, ps_args="-o pid,args")["Processes"]
-    host_pid = next(int(p[0]) for p in top if "warm_python.main" in p[1])
+    inside = r.stdout.split()[0]  # its pid in the sandbox; the host knows it by another
+    top = docker.from_env().api.top(sb.id, ps_args="-o pid")["Processes"]
+    host_pid = next((int(p[0]) for p in top if _ns_pid(int(p[0])) == inside), None)
+    assert host_pid is not None, (inside, top)
     assert not _memory_holds(host_pid, marker.encode()), "the program's source is in the warm interpreter's memory"
 
 
@@ -165,3 +168,9 @@ def _memory_holds(pid: int, needle: bytes) -> bool:
             except (OSError, OverflowError, ValueError):
                 continue
     return False
+
+
+def _ns_pid(host_pid: int) -> str:
+    """A host process's pid in its own (the sandbox's) pid namespace."""
+    with open(f"/proc/{host_pid}/status") as f:
+        return next(line.split()[-1] for line in f if line.startswith("NSpid:"))

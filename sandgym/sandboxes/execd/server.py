@@ -417,8 +417,9 @@ _WARM_START_TRIES = 3  # it died this often before ever forking: not usable here
 
 
 def _others_running() -> bool:
-    """Whether any process but init and this execd runs (a sandbox user's)."""
-    mine = {1, os.getpid()}
+    """Whether any process but init, this execd and the one that started it runs (a
+    sandbox user's)."""
+    mine = {1, os.getpid(), os.getppid()}
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) in mine:
             continue
