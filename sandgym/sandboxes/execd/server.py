@@ -595,6 +595,13 @@ class WarmPython:
                     child = self.children.pop(int(msg["pid"]), None)
                     if child is not None:
                         child.end(int(msg["status"]))
+        # Gone from the process table before anyone learns it is gone: a start that follows
+        # must not see it as a sandbox user's process.
+        try:
+            proc.kill()
+        except OSError:
+            pass
+        proc.wait()
         with self.lock:
             if self.sock is sock:
                 self.proc = self.sock = None
@@ -605,11 +612,6 @@ class WarmPython:
             self.pending.clear()
             self.children.clear()
         sock.close()
-        try:
-            proc.kill()
-        except OSError:
-            pass
-        proc.wait()
 
     def kill(self) -> None:
         proc = self.proc
