@@ -24,7 +24,7 @@ import sys
 import traceback
 from typing import Any
 
-from sandgym.sandboxes.execd.framing import read_frame, send_frame
+from sandgym.sandboxes.execd.framing import recv_frame_fds, send_frame
 
 MLE_EXIT = 121  # the child's exit code for MemoryError
 SETUP_EXIT = 120  # the child could not set itself up (limits, descriptors)
@@ -45,17 +45,10 @@ def nondumpable() -> None:
 def recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
     """The next message and the descriptors that came with it ((None, []): the harness
     hung up)."""
-    fds: list[int] = []
-
-    def read(n: int) -> bytes:
-        msg, got, _, _ = socket.recv_fds(sock, n, MAX_FDS)
-        fds.extend(got)
-        return msg
-
     try:
-        frame = read_frame(read)
+        frame, fds = recv_frame_fds(sock, MAX_FDS)
     except EOFError:
-        frame = None
+        frame, fds = None, []
     if frame is None:
         return None, []
     return frame[0], fds

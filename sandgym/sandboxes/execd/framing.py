@@ -83,6 +83,20 @@ def recv_frame(rfile: Any) -> Optional[Frame]:
     return read_frame(rfile.read)
 
 
+def recv_frame_fds(sock: socket.socket, max_fds: int) -> Tuple[Optional[Frame], List[int]]:
+    """`read_frame` from a unix socket, with the descriptors that came with the frame's
+    bytes (SCM_RIGHTS, at most `max_fds` per read); the fork servers' one way to read a job
+    (sandgym.judge's zygote, execd's warm interpreter). Raises as read_frame does."""
+    fds: List[int] = []
+
+    def read(n: int) -> bytes:
+        msg, got, _, _ = socket.recv_fds(sock, n, max_fds)
+        fds.extend(got)
+        return msg
+
+    return read_frame(read), fds
+
+
 def send_frame(sock: socket.socket, header: Dict[str, Any], blobs: Sequence[bytes] = ()) -> None:
     for piece in encode(header, blobs):
         sock.sendall(piece)

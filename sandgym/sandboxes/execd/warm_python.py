@@ -40,7 +40,7 @@ import sys
 import types
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from framing import encode, read_frame  # type: ignore[import-not-found]  # execd's folder, put on sys.path by execd
+from framing import read_frame, recv_frame_fds, send_frame  # type: ignore[import-not-found]  # execd's folder, put on sys.path by execd
 
 MAX_FDS = 3  # a job's body, stdout and stderr
 SETUP_EXIT = 126  # the child could not set itself up (a missing cwd): as a shell says "cannot run"
@@ -55,23 +55,12 @@ def _nondumpable(flag: int) -> None:
         pass
 
 
-def send(sock: socket.socket, header: Dict[str, Any]) -> None:
-    sock.sendall(b"".join(encode(header)))
-
-
 def recv(sock: socket.socket) -> Tuple[Optional[Dict[str, Any]], List[int]]:
     """The next job and the descriptors that came with it (None: execd hung up)."""
-    fds: List[int] = []
-
-    def read(n: int) -> bytes:
-        msg, got, _, _ = socket.recv_fds(sock, n, MAX_FDS)
-        fds.extend(got)
-        return msg
-
     try:
-        frame = read_frame(read)
+        frame, fds = recv_frame_fds(sock, MAX_FDS)
     except (EOFError, OSError, ValueError):
-        frame = None
+        frame, fds = None, []
     if frame is None or len(fds) != 3:
         for fd in fds:
             os.close(fd)
@@ -90,7 +79,7 @@ def serve(sock: socket.socket) -> Optional[List[int]]:
     sel.register(sock, selectors.EVENT_READ, "job")
     sel.register(wake_r, selectors.EVENT_READ, "child")
     children: set = set()
-    send(sock, {"ready": True})
+    send_frame(sock, {"ready": True})
     while True:
         for key, _ in sel.select():
             if key.data == "child":
@@ -106,7 +95,7 @@ def serve(sock: socket.socket) -> Optional[List[int]]:
                     if pid == 0:
                         break
                     children.discard(pid)
-                    send(sock, {"pid": pid, "status": status})
+                    send_frame(sock, {"pid": pid, "status": status})
                 continue
             job, fds = recv(sock)
             if job is None:
@@ -129,7 +118,7 @@ def serve(sock: socket.socket) -> Optional[List[int]]:
             for fd in fds:
                 os.close(fd)
             children.add(pid)
-            send(sock, {"id": job.get("id"), "pid": pid})
+            send_frame(sock, {"id": job.get("id"), "pid": pid})
 
 
 def read_body(fd: int) -> Tuple[Dict[str, Any], bytes]:
