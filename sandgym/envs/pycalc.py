@@ -10,7 +10,7 @@ a tiny random model to learn on CPU (the learning demonstration: examples/pycalc
 
 Each task's numbers (`n`: five to nine integers from 10 to 999) are written into the rollout's
 own sandbox and never shown to the model: no policy can answer without running code there.
-The `python` tool runs `python3 -c CODE` in that sandbox with `n` defined. Questions ask for
+The `python` tool runs `python3 -` on CODE in that sandbox with `n` defined. Questions ask for
 one digit (the last digit of the sum, the largest or the smallest number, or how many numbers
 there are).
 
@@ -38,14 +38,13 @@ only as well as the demonstrator made it; the reward, scored in the sandbox, has
 
 from __future__ import annotations
 
-import json
 import random
 from typing import Any, Literal
 
 from sandgym.core.failures import ScoringTimeout
 from sandgym.core.parsers import last_assistant_text
 from sandgym.core.rubric import Rubric
-from sandgym.core.sandbox_env import SandboxEnv, checked_exec, format_exec
+from sandgym.core.sandbox_env import SandboxEnv, checked, format_exec
 from sandgym.core.state import Message, State
 from sandgym.core.tools import tool_call
 from sandgym.sandboxes.spec import SandboxSpec
@@ -59,14 +58,13 @@ QUESTIONS: dict[str, tuple[str, str]] = {
 }
 DATA_FILE = "pycalc_data.py"
 
-# Run in the sandbox by the judge on the task's data file: argv[1] is the question kind,
-# stdin holds what the program printed and the final answer (JSON). Prints two bits:
+# Run in the sandbox by the judge on the task's data file, after `kind` (the question's) and
+# `got` (what the program printed and the final answer) are defined. Prints two bits:
 # printed-is-right, answer-is-right.
 JUDGE = (
-    "import json, sys; sys.path.insert(0, '.'); from pycalc_data import n; "
-    "want = str({'sum': sum(n) % 10, 'max': max(n) % 10, 'min': min(n) % 10, 'len': len(n)}[sys.argv[1]]); "
-    "got = json.load(sys.stdin); "
-    "print(int(got['printed'].strip() == want), int(got['answer'].strip() == want))"
+    "from pycalc_data import n\n"
+    "want = str({'sum': sum(n) % 10, 'max': max(n) % 10, 'min': min(n) % 10, 'len': len(n)}[kind])\n"
+    "print(int(got['printed'].strip() == want), int(got['answer'].strip() == want))\n"
 )
 
 
@@ -88,7 +86,7 @@ class PyCalcEnv(SandboxEnv):
             raise ValueError(f"oracle_accuracy must be between 0 and 1, got {oracle_accuracy!r}")
         super().__init__(*args, **kwargs)
         self.oracle_accuracy = oracle_accuracy
-        # Only `python` (a stateless `python3 -c` per call): no bash tool.
+        # Only `python` (a stateless `python3 -` per call): no bash tool.
         self.tools.pop("bash", None)
         self.skipped_args.pop("bash", None)
         self.tool_schemas = []
@@ -104,7 +102,9 @@ class PyCalcEnv(SandboxEnv):
             code: Python source.
         """
         program = f"from pycalc_data import n\n{code}"
-        result = await checked_exec(sandbox, ["python3", "-c", program], timeout=self.command_timeout_s)
+        # exec_python: docker's execd forks it from a warm interpreter (no interpreter start
+        # per call: most of a rollout's sandbox CPU).
+        result = await checked(sandbox, sandbox.exec_python(program, timeout=self.command_timeout_s))
         return format_exec(result, timeout=self.command_timeout_s)
 
     async def oracle_response(self, messages: list[Message], state: State) -> Message:
@@ -130,8 +130,9 @@ async def judge(completion: list[Message], state: State, sandbox: Any) -> tuple[
     results = [m for m in completion if m.get("role") == "tool"]
     closed = final.get("role") == "assistant" and not final.get("tool_calls") and last_assistant_text([final]).strip()
     if sandbox is not None and results and closed:
-        payload = json.dumps({"printed": str(results[-1].get("content") or ""), "answer": last_assistant_text([final])})
-        r = await checked_exec(sandbox, ["python3", "-c", JUDGE, state.info["kind"]], timeout=30, stdin=payload)
+        got = {"printed": str(results[-1].get("content") or ""), "answer": last_assistant_text([final])}
+        # The model's text enters the program as literals (repr), never as code.
+        r = await checked(sandbox, sandbox.exec_python(f"kind = {state.info['kind']!r}\ngot = {got!r}\n{JUDGE}", timeout=30))
         if r.timed_out:
             raise ScoringTimeout("pycalc's judge did not finish in 30s: the machine was too loaded to judge")
         bits = r.stdout.split()

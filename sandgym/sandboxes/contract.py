@@ -188,6 +188,13 @@ async def exec_python_runs_like_python3(provider: Provider, spec: SandboxSpec) -
         got = (r.exit_code, r.stdout, r.stderr)
         want = (7, "['-'] True c True True\n", "err\n")
         expect(got == want, f"exec_python gave (exit, stdout, stderr) = {got!r}, expected {want!r} (as `python3 -` would)")
+        # Without cwd it runs where exec does (the workdir), so it imports the files there.
+        await sb.write_file("contract_mod.py", "VALUE = 'workdir'\n")
+        pwd = (await sb.exec("pwd")).stdout.strip()
+        r = await sb.exec_python("import os, contract_mod\nprint(os.getcwd(), contract_mod.VALUE)\n")
+        expect((r.exit_code, r.stdout) == (0, f"{pwd} workdir\n"),
+               f"exec_python without cwd gave exit {r.exit_code}, {r.stdout!r} (stderr {r.stderr.strip()[-200:]!r}), "
+               f"expected to run in exec's {pwd!r} and import its contract_mod.py")
         r = await sb.exec_python("def f():\n    raise ValueError('boom')\nf()\n")
         lines = r.stderr.splitlines()
         expect(r.exit_code == 1 and lines[:1] == ["Traceback (most recent call last):"] and lines[-1:] == ["ValueError: boom"]

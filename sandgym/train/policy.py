@@ -227,13 +227,13 @@ class PolicyTrainer:
         use_inf = all(s.has_inference_logprobs for s in seqs)
         iters = self.optim_cfg.num_iterations
         scale = loss_scale(self.dist)
+        # The pre-update logprobs of the off-policy passes are the first pass's own: the
+        # optimizer steps only after every micro-batch of a pass (no separate forward pass).
         old: list[torch.Tensor | None] = [None] * len(mbs)
         ref: list[torch.Tensor | None] = [None] * len(mbs)
-        with torch.no_grad():
-            for i, mb in enumerate(mbs):
-                if iters > 1:  # off-policy passes need the pre-update logprobs
-                    old[i] = self._logprobs(self.lp_model, mb)[0].detach()
-                if self.ref_lp_model is not None and self.loss_cfg.kl_beta > 0:
+        if self.ref_lp_model is not None and self.loss_cfg.kl_beta > 0:
+            with torch.no_grad():
+                for i, mb in enumerate(mbs):
                     ref[i] = self._logprobs(self.ref_lp_model, mb)[0].detach()
         sums: dict[str, torch.Tensor] = {}
         grad_norm: Any = torch.zeros(())
@@ -245,6 +245,8 @@ class PolicyTrainer:
                 lp, ent = self._logprobs(self.lp_model, mb)
                 prev = old[i]
                 old_lp = prev if prev is not None else lp.detach()
+                if prev is None and iters > 1:
+                    old[i] = old_lp
                 loss, stats = grpo_loss(
                     lp,
                     old_lp,

@@ -188,12 +188,15 @@ async def test_output_cap_keeps_draining(client: ExecdClient) -> None:
 
 async def test_background_child_holding_pipes_does_not_block(client: ExecdClient, tmp_path: Path) -> None:
     m = _marker()
-    done = tmp_path / "done"
-    # The child keeps writing to the inherited stdout after the command returned: execd
+    go, done = tmp_path / "go", tmp_path / "done"
+    # The child keeps writing to the inherited stdout after the command returned (it starts
+    # once `go` exists, made after the exec's result: no race with a loaded machine): execd
     # must not block on it, and must not close the pipe under it (EPIPE would kill it).
-    script = f"(sleep 0.3; for i in 1 2 3; do echo tick; sleep 0.1; done; touch {done}; sleep {m}) & echo started"
+    script = (f"(while [ ! -e {go} ]; do sleep 0.02; done; for i in 1 2 3; do echo tick; sleep 0.1; done; "
+              f"touch {done}; sleep {m}) & echo started")
     try:
         r = await client.exec(["sh", "-c", script], timeout=20)
+        go.touch()
         assert r.exit_code == 0 and r.stdout == "started\n" and not r.timed_out
         end = time.monotonic() + 15
         while not done.exists() and time.monotonic() < end:

@@ -672,7 +672,8 @@ class WarmPython:
             forked.started.wait()
         if forked.pid:
             try:  # only the child reads it: no program enters the interpreter's memory
-                for piece in encode({"env": env, "cwd": cwd, "cpu_limit_s": cpu_limit_s}, [source]):
+                # No cwd: execd's own, which an exec's command inherits (the interpreter's is /).
+                for piece in encode({"env": env, "cwd": cwd or _own_cwd(), "cpu_limit_s": cpu_limit_s}, [source]):
                     _write_all(body_w, piece)
             except OSError:
                 pass  # it died before reading: its exit status says so
@@ -683,6 +684,13 @@ class WarmPython:
                     pipe.close()
             return None
         return forked
+
+
+def _own_cwd() -> Optional[str]:
+    try:
+        return os.getcwd()
+    except OSError:  # removed under execd: the program gets the interpreter's /
+        return None
 
 
 def _write_all(fd: int, data: bytes) -> None:
