@@ -195,6 +195,35 @@ def _oom_kill_counter() -> Optional[int]:
 
 
 
+_SPAWN_PATIENCE_S = 2.0  # how long a command's start waits for a pid (at most its timeout)
+
+
+def _spawn(argv: List[str], deadline: float, *, stdin: Any, cwd: Optional[str],
+           env: Optional[Dict[str, str]]) -> subprocess.Popen[bytes]:
+    """Start a command in its own session, registered in REGISTRY. A fork refused for want
+    of a pid (EAGAIN: the sandbox's pids limit is full, e.g. a fork bomb churning in the
+    background) is retried for _SPAWN_PATIENCE_S or until `deadline`, as bash retries its
+    forks: a pid freed for a moment goes to whoever asks first. A bomb that holds every pid
+    for longer is refused with the fork's own error; the "reset" op ends it."""
+    deadline = min(deadline, time.monotonic() + _SPAWN_PATIENCE_S)
+    delay = 0.002
+    while True:
+        try:
+            with REGISTRY.lock:
+                if REGISTRY.stopping:
+                    raise RequestError("stopping", "execd is shutting down")
+                proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, cwd=cwd, env=env,
+                                        start_new_session=True, bufsize=0)
+                REGISTRY.pids.add(proc.pid)
+                return proc
+        except OSError as exc:
+            if exc.errno != errno.EAGAIN or time.monotonic() + delay >= deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
+
+
 def _spawn_error(argv: List[str], exc: OSError, t0: float) -> Tuple[Dict[str, Any], bytes, bytes]:
     code = 127 if exc.errno == errno.ENOENT else 126
     msg = "sandgym-execd: cannot run %r: %s\n" % (argv[0] if argv else "", exc)
@@ -250,20 +279,8 @@ def run_command(
         full_env.update({str(k): str(v) for k, v in env.items()})
     oom_before = _oom_kill_counter()
     try:
-        with REGISTRY.lock:
-            if REGISTRY.stopping:
-                raise RequestError("stopping", "execd is shutting down")
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=cwd or None,
-                env=full_env,
-                start_new_session=True,
-                bufsize=0,
-            )
-            REGISTRY.pids.add(proc.pid)
+        proc = _spawn(argv, t0 + timeout, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                      cwd=cwd or None, env=full_env)
     except OSError as exc:
         return _spawn_error(argv, exc, t0)
     _prefer_for_oom(proc.pid)
@@ -986,23 +1003,12 @@ def run_live(conn: socket.socket, h: Dict[str, Any]) -> None:
     if env:
         full_env = dict(os.environ)
         full_env.update({str(k): str(v) for k, v in env.items()})
+    try:
+        proc = _spawn(argv, float("inf"), stdin=subprocess.PIPE,
+                      cwd=h.get("cwd") or None, env=full_env)
+    except OSError as exc:
+        raise RequestError("spawn_failed", "cannot run %r: %s" % (argv[0], exc)) from None
     with REGISTRY.lock:
-        if REGISTRY.stopping:
-            raise RequestError("stopping", "execd is shutting down")
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=h.get("cwd") or None,
-                env=full_env,
-                start_new_session=True,
-                bufsize=0,
-            )
-        except OSError as exc:
-            raise RequestError("spawn_failed", "cannot run %r: %s" % (argv[0], exc)) from None
-        REGISTRY.pids.add(proc.pid)
         live = Live(proc)
         LIVE[live.id] = live
     _prefer_for_oom(proc.pid)
