@@ -24,6 +24,7 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import pytest
@@ -169,13 +170,13 @@ async def test_manager_load_docker() -> None:
     rep.check()
 
 
-async def test_platform_api_load() -> None:
+async def test_platform_api_load(tmp_path: Path) -> None:
     require("docker")
     from sandgym.platform.testing import serve_in_thread
     from sandgym.sandboxes.providers.prime import PrimeProvider
 
     token = "load-" + secrets.token_hex(8)
-    state = os.path.join(os.environ.get("TMPDIR", "/tmp"), "sandgym-load-prime-" + secrets.token_hex(4))
+    state = str(tmp_path / "prime-state")
     owner = "load-" + secrets.token_hex(5)
     with serve_in_thread([token], "docker", max_sandboxes=N_SANDBOXES + 2, quota=N_SANDBOXES + 2) as srv:
         platform_owner = srv.service.manager.run_id

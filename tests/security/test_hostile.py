@@ -18,7 +18,6 @@ where bubblewrap works: plain mode claims no isolation), prime (our `sandgym ser
 from __future__ import annotations
 
 import secrets
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -76,7 +75,7 @@ async def iso_provider(request: pytest.FixtureRequest) -> AsyncIterator[Provider
         from sandgym.sandboxes.providers.prime import PrimeProvider
 
         srv = request.getfixturevalue("prime_server")
-        state = tempfile.mkdtemp(prefix="sandgym-sec-prime-")
+        state = str(request.getfixturevalue("tmp_path"))
         p = PrimeProvider(endpoints=[srv.url], api_key=srv.token, state_dir=state)
     try:
         yield p
