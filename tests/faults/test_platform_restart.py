@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import secrets
 import socket
-import tempfile
 import time
+from pathlib import Path
 
 import anyio
 import pytest
@@ -36,7 +36,7 @@ def _engine_ids(label: str) -> list[str]:
         client.close()
 
 
-async def test_platform_server_restarted_under_a_client() -> None:
+async def test_platform_server_restarted_under_a_client(tmp_path: Path) -> None:
     require("docker")
     from sandgym.platform.service import ServerConfig
     from sandgym.platform.testing import ServerThread
@@ -52,7 +52,7 @@ async def test_platform_server_restarted_under_a_client() -> None:
     srv1 = await anyio.to_thread.run_sync(start)
     owner1 = srv1.service.manager.run_id
     owners = [owner1]
-    provider = PrimeProvider(endpoints=[f"http://127.0.0.1:{port}"], api_key=token, state_dir=tempfile.mkdtemp())
+    provider = PrimeProvider(endpoints=[f"http://127.0.0.1:{port}"], api_key=token, state_dir=str(tmp_path))
     srv2 = None
     try:
         sb = await provider.create(spec, {"sandgym.owner": "restart-test"})
