@@ -8,6 +8,10 @@ sequence boundaries. The kernel, in order of preference:
 3. per-sequence `scaled_dot_product_attention` (any device; no (T x T) mask is built): one
    batched call over right-padded sequences when their lengths are close, else a loop.
 
+A row may start with a prefix that all its sequences share (`prefix_len`, batch.pack's
+`share_prefix`): every sequence attends to it, then causally to its own tokens. Only the
+`sdpa` kernel does this (the flash kernels take no such layout).
+
 We register one attention function with transformers under ATTN_IMPL. Calls that carry
 `cu_seq_lens_q` (training) take the varlen path; calls without it (generation with a KV cache
 and a padding mask, as the built-in inference backend does on the same model object) go to
@@ -87,13 +91,21 @@ def varlen_causal_attention(
     max_seqlen: int,
     scale: float | None = None,
     kernel: str = "sdpa",
+    prefix_len: int = 0,
 ) -> torch.Tensor:
     """Causal attention over packed sequences.
 
     q: (T, Hq, D); k, v: (T, Hkv, D); cu_seqlens: (N+1,) int32 offsets. Returns (T, Hq, D).
-    Grouped-query attention (Hkv < Hq) is handled by every kernel.
+    Grouped-query attention (Hkv < Hq) is handled by every kernel. With `prefix_len`, the
+    first segment (cu_seqlens[0:2]) is a prefix every later segment continues.
     """
     hq, hkv = q.shape[1], k.shape[1]
+    if prefix_len:
+        if kernel != "sdpa":
+            raise ValueError(f"a shared prefix needs the sdpa attention kernel, not {kernel!r}")
+        if int(cu_seqlens[1]) != prefix_len:
+            raise ValueError("the shared prefix must be the first segment of cu_seqlens")
+        return _sdpa_shared_prefix(q, k, v, prefix_len, cu_seqlens[1:].tolist(), scale)
     if kernel == "flash_attn":
         fn = _flash_attn_func()
         return fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, softmax_scale=scale, causal=True)
@@ -152,6 +164,47 @@ def _sdpa_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[i
     return o.transpose(1, 2).reshape(n * width, q.shape[1], q.shape[2]).index_select(0, idx)
 
 
+def _padded(x: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor, n: int, width: int) -> torch.Tensor:
+    """`rows` of x (T, H, D) placed at `idx` of n right-padded sequences: (n, H, width, D)."""
+    buf = x.new_zeros(n * width, x.shape[1], x.shape[2]).index_copy(0, idx, x.index_select(0, rows))
+    return buf.view(n, width, x.shape[1], x.shape[2]).transpose(1, 2)
+
+
+def _sdpa_shared_prefix(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int, bounds: list[int], scale: float | None
+) -> torch.Tensor:
+    """Causal attention over a prefix, then over sequences that each continue it: (T, H, D)
+    rows laid out as [prefix][rest 1][rest 2]..., `bounds` the offsets of the rests. Each
+    rest's queries see all prefix keys and their own keys causally, exactly as if the prefix
+    were copied in front of each; its keys and values are computed once, and their gradients
+    sum over the sequences (autograd through expand)."""
+    p = prefix_len
+    gqa = q.shape[1] != k.shape[1]
+
+    def heads(x: torch.Tensor) -> torch.Tensor:  # (L, H, D) -> (1, H, L, D)
+        return x.transpose(0, 1).unsqueeze(0)
+
+    head = F.scaled_dot_product_attention(heads(q[:p]), heads(k[:p]), heads(v[:p]), is_causal=True, scale=scale, enable_gqa=gqa)
+    out = [head.squeeze(0).transpose(0, 1)]
+    lens = [e - s for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
+    # Close lengths: one batched call over rests right-padded to the longest (padding sits after
+    # every real token, so the causal part of the mask keeps it unseen); else one call each.
+    chunks = [list(range(len(lens)))] if len(lens) * max(lens) <= 2 * sum(lens) else [[i] for i in range(len(lens))]
+    for chunk in chunks:
+        n, width = len(chunk), max(lens[i] for i in chunk)
+        idx = torch.cat([torch.arange(j * width, j * width + lens[i]) for j, i in enumerate(chunk)]).to(q.device)
+        rows = torch.cat([torch.arange(bounds[i], bounds[i + 1]) for i in chunk]).to(q.device)
+        keys = torch.cat([heads(k[:p]).expand(n, -1, -1, -1), _padded(k, rows, idx, n, width)], dim=2)
+        values = torch.cat([heads(v[:p]).expand(n, -1, -1, -1), _padded(v, rows, idx, n, width)], dim=2)
+        allowed = torch.ones(width, p + width, dtype=torch.bool, device=q.device)
+        allowed[:, p:] = torch.ones(width, width, dtype=torch.bool, device=q.device).tril()
+        o = F.scaled_dot_product_attention(
+            _padded(q, rows, idx, n, width), keys, values, attn_mask=allowed, scale=scale, enable_gqa=gqa
+        )
+        out.append(o.transpose(1, 2).reshape(n * width, q.shape[1], q.shape[2]).index_select(0, idx))
+    return torch.cat(out, dim=0)
+
+
 def _hf_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -182,7 +235,9 @@ def _hf_attention(
         dev = q.device.type
         target = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.bfloat16
         q, k, v = q.to(target), k.to(target), v.to(target)
-    out = varlen_causal_attention(q, k, v, cu, int(kwargs["max_length_q"]), scale=scaling, kernel=kernel)
+    out = varlen_causal_attention(
+        q, k, v, cu, int(kwargs["max_length_q"]), scale=scaling, kernel=kernel, prefix_len=int(kwargs.get("sandgym_prefix_len") or 0)
+    )
     return out.unsqueeze(0), None  # (B, T, H, D), as transformers' attention functions return
 
 
@@ -213,12 +268,17 @@ def use_varlen(model: PreTrainedModel) -> None:
 
 
 def packed_forward_kwargs(
-    cu_seqlens: torch.Tensor, max_seqlen: int, kernel: str, num_layer_types: tuple[str, ...] = ("full_attention", "sliding_attention")
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    kernel: str,
+    num_layer_types: tuple[str, ...] = ("full_attention", "sliding_attention"),
+    prefix_len: int = 0,
 ) -> dict[str, Any]:
     """Keyword arguments for `model.model(...)` that route attention to the varlen kernel.
 
     `attention_mask` as a dict of Nones makes transformers skip building (T x T) masks."""
     return {
+        "sandgym_prefix_len": prefix_len,
         "attention_mask": {name: None for name in num_layer_types},
         "cu_seq_lens_q": cu_seqlens,
         "cu_seq_lens_k": cu_seqlens,

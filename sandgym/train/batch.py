@@ -17,7 +17,12 @@ sequence is still what the model saw (the per-turn layout, paid only where neede
 
 Sequences are packed without padding into micro-batches of at most `max_tokens` tokens (one
 row, `cu_seqlens` offsets, position ids restarting at 0 for each sequence), ready for varlen
-attention.
+attention. With `share_prefix`, the prefix that every sequence of a micro-batch starts with
+(an environment's tools block and system prompt, a group's question) is in the row once, at
+its start (`MicroBatch.prefix_len`); each sequence keeps only the rest and attends to that
+prefix as if it were its own (attention.varlen_causal_attention). The logprobs and gradients
+are those of the unshared row; the tokens run through the model are fewer (in the pycalc
+learning gate about 2.5x: a 285-token tools block in every ~455-token rollout).
 """
 
 from __future__ import annotations
@@ -179,6 +184,9 @@ class MicroBatch:
     inference_logprobs: torch.Tensor  # (T,) float
     seq_index: torch.Tensor  # (T,) long: index of the sequence in the whole step
     seq_indices: list[int] = field(default_factory=list)
+    # Tokens at the start of the row that every sequence in it shares (0: none). They are
+    # cu_seqlens' first segment; every later segment is one sequence's rest, attending to them.
+    prefix_len: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -197,6 +205,7 @@ class MicroBatch:
             inference_logprobs=self.inference_logprobs.to(d),
             seq_index=self.seq_index.to(d),
             seq_indices=list(self.seq_indices),
+            prefix_len=self.prefix_len,
         )
 
 
@@ -224,41 +233,77 @@ def plan_packing(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return bins
 
 
-def pack(seqs: list[Sequence], max_tokens: int) -> list[MicroBatch]:
-    """Pack sequences into micro-batches of at most `max_tokens` tokens, no padding."""
+# A shorter shared prefix is not worth a segment of its own.
+MIN_SHARED_PREFIX = 16
+
+
+def shared_prefix_len(seqs: list[Sequence]) -> int:
+    """How many leading tokens every one of `seqs` shares that can be computed once: at most
+    up to the token before each sequence's first trained token (the prefix's last position
+    predicts each sequence's own next token, which must not be a trained one), leaving every
+    sequence at least one token of its own. 0 for fewer than two sequences or under
+    MIN_SHARED_PREFIX tokens."""
+    if len(seqs) < 2:
+        return 0
+    first = seqs[0].input_ids
+    n = len(first) - 1
+    for s in seqs:
+        trained = s.loss_mask.index(1) if 1 in s.loss_mask else len(s)
+        n = min(n, len(s) - 1, trained - 1)
+    for s in seqs[1:]:
+        ids = s.input_ids
+        i = 0
+        while i < n and ids[i] == first[i]:
+            i += 1
+        n = i
+    return n if n >= MIN_SHARED_PREFIX else 0
+
+
+def pack(seqs: list[Sequence], max_tokens: int, share_prefix: bool = False) -> list[MicroBatch]:
+    """Pack sequences into micro-batches of at most `max_tokens` tokens, no padding; with
+    `share_prefix`, each micro-batch holds the prefix its sequences share once (the module
+    docstring). The budget counts the tokens in the row."""
+    shared = shared_prefix_len(seqs) if share_prefix else 0
+    if shared >= max_tokens:
+        shared = 0  # no room left beside it
     out: list[MicroBatch] = []
-    for group in plan_packing([len(s) for s in seqs], max_tokens):
-        ids: list[int] = []
-        pos: list[int] = []
-        tgt: list[int] = []
-        msk: list[float] = []
-        adv: list[float] = []
-        ilp: list[float] = []
-        sidx: list[int] = []
-        cu = [0]
+    for group in plan_packing([len(s) - shared for s in seqs], max_tokens - shared):
+        # Sequences of one micro-batch may share more than the whole step does (a group's question).
+        p = shared_prefix_len([seqs[gi] for gi in group]) if shared else 0
+        head = seqs[group[0]].input_ids[:p]
+        ids: list[int] = list(head)
+        pos: list[int] = list(range(p))
+        # The prefix trains nothing: its last position predicts each sequence's own next token.
+        tgt: list[int] = head[1:] + [0] if p else []
+        msk: list[float] = [0.0] * p
+        adv: list[float] = [0.0] * p
+        ilp: list[float] = [0.0] * p
+        sidx: list[int] = [group[0]] * p
+        cu = [0, p] if p else [0]
         for gi in group:
             s = seqs[gi]
             n = len(s)
-            ids.extend(s.input_ids)
-            pos.extend(range(n))
-            tgt.extend(s.input_ids[1:] + [0])
-            msk.extend([float(m) for m in s.loss_mask[1:]] + [0.0])
-            adv.extend([s.advantage] * n)
-            ilp.extend(s.inference_logprobs[1:] + [0.0])
-            sidx.extend([gi] * n)
-            cu.append(cu[-1] + n)
+            ids.extend(s.input_ids[p:])
+            pos.extend(range(p, n))
+            tgt.extend(s.input_ids[p + 1 :] + [0])
+            msk.extend([float(m) for m in s.loss_mask[p + 1 :]] + [0.0])
+            adv.extend([s.advantage] * (n - p))
+            ilp.extend(s.inference_logprobs[p + 1 :] + [0.0])
+            sidx.extend([gi] * (n - p))
+            cu.append(cu[-1] + n - p)
         out.append(
             MicroBatch(
                 input_ids=torch.tensor([ids], dtype=torch.long),
                 position_ids=torch.tensor([pos], dtype=torch.long),
                 cu_seqlens=torch.tensor(cu, dtype=torch.int32),
-                max_seqlen=max(len(seqs[gi]) for gi in group),
+                max_seqlen=max([p] + [len(seqs[gi]) - p for gi in group]),
                 targets=torch.tensor(tgt, dtype=torch.long),
                 mask=torch.tensor(msk, dtype=torch.float32),
                 advantages=torch.tensor(adv, dtype=torch.float32),
                 inference_logprobs=torch.tensor(ilp, dtype=torch.float32),
                 seq_index=torch.tensor(sidx, dtype=torch.long),
                 seq_indices=list(group),
+                prefix_len=p,
             )
         )
     return out

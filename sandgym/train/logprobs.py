@@ -159,11 +159,13 @@ def packed_logprobs(
     temperature: float = 1.0,
     only: torch.Tensor | None = None,
     head_kernel: str = "torch",
+    prefix_len: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs (T,) of `targets` for a packed row through a transformers causal LM whose
     attention implementation is sandgym's varlen one (see attention.use_varlen), and the
     entropy (T,), or None where `head_kernel` computes none. With `only` (a (T,) mask),
-    positions outside it are not projected and read 0."""
+    positions outside it are not projected and read 0. `prefix_len`: the row starts with a
+    prefix its sequences share (batch.MicroBatch.prefix_len)."""
     from sandgym.train.attention import packed_forward_kwargs
 
     # Indices first: nonzero() waits for the device, better before the forward is queued.
@@ -172,7 +174,7 @@ def packed_logprobs(
         input_ids=input_ids,
         position_ids=position_ids,
         use_cache=False,
-        **packed_forward_kwargs(cu_seqlens, max_seqlen, kernel),
+        **packed_forward_kwargs(cu_seqlens, max_seqlen, kernel, prefix_len=prefix_len),
     )
     hidden = out.last_hidden_state[0]
     head = model.get_output_embeddings()

@@ -83,6 +83,7 @@ class LogprobModel(torch.nn.Module):
             chunk_size=self.chunk_size,
             only=mb.mask > 0,  # project only trained positions
             head_kernel=self.head_kernel,
+            prefix_len=mb.prefix_len,
         )
 
 
@@ -205,7 +206,8 @@ class PolicyTrainer:
         """This rank's packed share of the step, sequence indices global, padded with empty
         micro-batches to the largest count on any rank."""
         mine = assign_to_ranks([len(s) for s in seqs], self.dist.world_size)[self.dist.rank]
-        mbs = pack([seqs[i] for i in mine], self.optim_cfg.micro_batch_tokens) if mine else []
+        share = self.model_cfg.share_prefix and self.kernel == "sdpa"
+        mbs = pack([seqs[i] for i in mine], self.optim_cfg.micro_batch_tokens, share_prefix=share) if mine else []
         ids = torch.tensor(mine, dtype=torch.long)
         for mb in mbs:
             mb.seq_index = ids[mb.seq_index]

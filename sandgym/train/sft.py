@@ -102,7 +102,8 @@ class SFTTrainer:
     def train_step(self, seqs: list[Sequence]) -> dict[str, float]:
         t0 = time.perf_counter()
         self.model.train()
-        mbs = [mb.to(self.device) for mb in pack(seqs, self.cfg.optim.micro_batch_tokens)]
+        share = self.cfg.model.share_prefix and self.kernel == "sdpa"
+        mbs = [mb.to(self.device) for mb in pack(seqs, self.cfg.optim.micro_batch_tokens, share_prefix=share)]
         total = float(sum(float(mb.mask.sum()) for mb in mbs))
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0

@@ -130,3 +130,73 @@ def test_packed_logprobs_only_trained_positions() -> None:
     part.sum().backward()
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, ref[n], msg=n)
+
+
+# Rests of close lengths (one padded batched call) and of far ones (one call each).
+@pytest.mark.parametrize("rests", [[5, 6, 4], [1, 2, 19]])
+def test_shared_prefix_attention_matches_each_sequence_alone(rests: list[int]) -> None:
+    """[prefix][rest 1][rest 2]...: each rest's output equals that of prefix + rest run as one
+    sequence, and the prefix's equals its own (naive float64 loops, GQA)."""
+    g = torch.Generator().manual_seed(3)
+    p = 7
+    t = p + sum(rests)
+    q, k, v = torch.randn(t, 4, 8, generator=g), torch.randn(t, 2, 8, generator=g), torch.randn(t, 2, 8, generator=g)
+    cu = [0, p]
+    for n in rests:
+        cu.append(cu[-1] + n)
+    out = varlen_causal_attention(q, k, v, torch.tensor(cu, dtype=torch.int32), max(rests), kernel="sdpa", prefix_len=p)
+    assert out.shape == q.shape
+    for s, e in zip(cu[:-1], cu[1:]):
+        rows = list(range(p)) + (list(range(s, e)) if s else [])
+        ref = _naive_attention(q[rows], k[rows], v[rows], [0, len(rows)])
+        got = out[s:e].double()
+        assert float((got - ref[-(e - s) :]).norm() / ref.norm()) < 1e-5
+
+
+def test_shared_prefix_attention_needs_the_sdpa_kernel() -> None:
+    x = torch.zeros(4, 2, 8)
+    with pytest.raises(ValueError, match="sdpa"):
+        varlen_causal_attention(x, x, x, torch.tensor([0, 2, 4], dtype=torch.int32), 2, kernel="flash_attn", prefix_len=2)
+
+
+def test_packing_with_a_shared_prefix_gives_the_same_logprobs_and_gradients() -> None:
+    """A step's sequences packed with their common prefix once: every trained token's logprob
+    and every parameter's gradient as packed without sharing, from fewer tokens."""
+    from sandgym.train.batch import Sequence, pack
+
+    torch.manual_seed(0)
+    model = tiny_qwen2(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64).double()
+    use_varlen(model)
+    g = torch.Generator().manual_seed(4)
+    tools = torch.randint(0, 256, (40,), generator=g).tolist()  # shared by every sequence
+    seqs = []
+    for i in range(6):
+        question = torch.randint(0, 256, (5,), generator=g).tolist()
+        answer = torch.randint(0, 256, (3 + 4 * i,), generator=g).tolist()
+        ids = tools + question + answer
+        seqs.append(Sequence(ids, [0] * 45 + [1] * len(answer), [0.0] * len(ids), advantage=i - 2.5))
+
+    def run(share: bool) -> tuple[dict[tuple[int, int], float], dict[str, torch.Tensor], int]:
+        model.zero_grad(set_to_none=True)
+        lps: dict[tuple[int, int], float] = {}
+        tokens = 0
+        for mb in pack(seqs, max_tokens=200, share_prefix=share):
+            lp, _ = packed_logprobs(model, mb.input_ids, mb.position_ids, mb.cu_seqlens, mb.max_seqlen, mb.targets,
+                                    kernel="sdpa", only=mb.mask > 0, prefix_len=mb.prefix_len)
+            (lp * mb.mask * mb.advantages).sum().backward()
+            tokens += mb.num_tokens
+            trained = (mb.mask > 0).nonzero().squeeze(-1)
+            for t in trained.tolist():  # keyed by (sequence, position in it)
+                lps[(int(mb.seq_index[t]), int(mb.position_ids[0, t]))] = float(lp[t].detach())
+        return lps, {n: p.grad.clone() for n, p in model.named_parameters()}, tokens
+
+    plain, plain_grads, plain_tokens = run(False)
+    shared, shared_grads, shared_tokens = run(True)
+    assert shared.keys() == plain.keys() and len(plain) == sum(s.num_loss_tokens for s in seqs)
+    for key, value in plain.items():
+        assert shared[key] == pytest.approx(value, abs=1e-9), key
+    # Not to float64's last bits: transformers' RMSNorm computes in float32 whatever the model's
+    # dtype, and the prefix's gradient goes through it once summed instead of once per copy.
+    for n, grad in plain_grads.items():
+        torch.testing.assert_close(shared_grads[n], grad, rtol=1e-5, atol=1e-6, msg=lambda m, n=n: f"{n}: {m}")
+    assert shared_tokens < plain_tokens - 4 * 40  # the 40-token tools block once per micro-batch

@@ -9,8 +9,10 @@ from sandgym.core.state import State, Turn, TurnTokens
 from sandgym.train.batch import (
     MissingTokensError,
     PrefixMismatchError,
+    Sequence,
     pack,
     plan_packing,
+    shared_prefix_len,
     state_to_sequence,
     states_to_sequences,
 )
@@ -149,3 +151,39 @@ def test_mismatch_on_a_token_in_turn_blames_the_server() -> None:
     st.turns[2].tokens.prompt_ids[7] = 99  # type: ignore[union-attr]
     with pytest.raises(PrefixMismatchError, match="turn 2 .*sent as token ids.*server changed the ids"):
         state_to_sequence(st)
+
+
+def _seq(ids: list[int], trained_from: int, advantage: float = 1.0) -> Sequence:
+    mask = [0] * trained_from + [1] * (len(ids) - trained_from)
+    return Sequence(ids, mask, [-0.5 * m for m in mask], advantage)
+
+
+def test_shared_prefix_stops_before_the_first_trained_token_and_leaves_each_sequence_a_token() -> None:
+    common = list(range(100, 140))  # 40 shared tokens
+    a = _seq(common + [1, 2, 3, 4], trained_from=42)
+    b = _seq(common + [5, 6, 7], trained_from=43)
+    assert shared_prefix_len([a, b]) == 40  # where they differ
+    # A trained token at 30: the prefix's last position (29) would predict it, so it ends at 29.
+    c = _seq(common + [8, 9], trained_from=30)
+    assert shared_prefix_len([a, b, c]) == 29
+    assert shared_prefix_len([a, _seq(common, trained_from=40)]) == 39  # one token of its own
+    assert shared_prefix_len([a]) == 0  # nothing to share with
+    assert shared_prefix_len([a, _seq(common[:10] + [0] * 30, trained_from=40)]) == 0  # < MIN_SHARED_PREFIX
+
+
+def test_pack_with_a_shared_prefix_keeps_every_trained_position() -> None:
+    common = list(range(100, 140))
+    seqs = [_seq(common + [i] * (5 + i), trained_from=41, advantage=float(i)) for i in range(4)]
+    (plain,) = pack(seqs, max_tokens=1000)
+    (mb,) = pack(seqs, max_tokens=1000, share_prefix=True)
+    assert mb.prefix_len == 40 and mb.num_tokens == plain.num_tokens - 3 * 40
+    assert mb.cu_seqlens.tolist()[:2] == [0, 40]
+    lens = [len(s) - 40 for s in seqs]
+    assert mb.cu_seqlens.tolist()[2:] == [40 + sum(lens[: i + 1]) for i in range(4)]
+    # Each sequence's rest keeps its own positions (after the prefix), targets and masks.
+    assert mb.position_ids[0].tolist() == list(range(40)) + [p for n in lens for p in range(40, 40 + n)]
+    assert float(mb.mask[:40].sum()) == 0.0 and float(mb.mask.sum()) == float(plain.mask.sum())
+    assert mb.targets.tolist()[40 : 40 + lens[0]] == seqs[0].input_ids[41:] + [0]
+    assert sorted(mb.advantages[mb.mask > 0].tolist()) == sorted(plain.advantages[plain.mask > 0].tolist())
+    # The budget counts the prefix once: 4 sequences of 45-48 tokens fit in 40 + 4 x 8.
+    assert len(pack(seqs, max_tokens=40 + 30, share_prefix=True)) == 1 and len(pack(seqs, max_tokens=70)) == 4
