@@ -269,7 +269,7 @@ def pack(seqs: list[Sequence], max_tokens: int, share_prefix: bool = False) -> l
     out: list[MicroBatch] = []
     for group in plan_packing([len(s) - shared for s in seqs], max_tokens - shared):
         # Sequences of one micro-batch may share more than the whole step does (a group's question).
-        p = shared_prefix_len([seqs[gi] for gi in group]) if shared else 0
+        p = shared_prefix_len([seqs[gi] for gi in group]) if share_prefix else 0
         head = seqs[group[0]].input_ids[:p]
         ids: list[int] = list(head)
         pos: list[int] = list(range(p))
