@@ -1,7 +1,11 @@
 """An ASGI app served by uvicorn on a loopback port in a daemon thread: the platform's server
 for tests and benchmarks (platform.testing), the trainer's OpenAI-compatible server
 (train.backends.openai_server) and the stand-in model server (core.testing). It knows
-nothing of what it serves; uvicorn is imported when one starts."""
+nothing of what it serves; uvicorn is imported when one starts.
+
+A server may also offer its app to clients in its own process (`offer_in_process`): they then
+call the app directly (an ASGI transport: the same requests and answers, no socket, no HTTP
+parsing on either side). The trainer's inference server does, for its own rollouts."""
 
 from __future__ import annotations
 
@@ -9,6 +13,29 @@ import socket
 import threading
 import time
 from typing import Any
+from urllib.parse import urlsplit
+
+# Apps this process serves that its own clients may call directly, by origin (scheme://host:port).
+_IN_PROCESS: dict[str, Any] = {}
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}:{parts.port}"
+
+
+def offer_in_process(url: str, app: Any) -> None:
+    """Let clients in this process that are given `url` (or any URL on its origin) call `app`."""
+    _IN_PROCESS[_origin(url)] = app
+
+
+def withdraw_in_process(url: str) -> None:
+    _IN_PROCESS.pop(_origin(url), None)
+
+
+def app_in_process(url: str) -> Any | None:
+    """The app offered for `url`'s origin by this process, or None (then use the socket)."""
+    return _IN_PROCESS.get(_origin(url)) if _IN_PROCESS else None
 
 
 class UvicornThread:

@@ -11,7 +11,7 @@ import openai
 import pytest
 import torch
 
-from sandgym.core.clients import OpenAIClient, extract_tokens
+from sandgym.core.clients import ModelError, OpenAIClient, extract_tokens
 from sandgym.core.state import State, Turn, TurnTokens
 from sandgym.models.tiny import byte_tokenizer, tiny_qwen2
 from sandgym.train.attention import use_varlen
@@ -20,6 +20,7 @@ from sandgym.train.backends.hf import HFBackend, HFEngine
 from sandgym.train.backends.openai_server import parse_tool_calls
 from sandgym.train.batch import pack, state_to_sequence
 from sandgym.train.logprobs import packed_logprobs
+from sandgym.uvicorn_thread import app_in_process
 
 
 @pytest.fixture(scope="module")
@@ -303,3 +304,34 @@ def test_a_batch_that_fails_answers_each_row_once() -> None:
     assert len(answers["short"]) == 1 and isinstance(answers["short"][0], GenResult)
     assert len(answers["short"][0].completion_ids) == 2
     assert len(answers["long"]) == 1 and isinstance(answers["long"][0], RuntimeError)
+
+
+def test_the_servers_own_process_calls_its_app_with_the_sockets_answers() -> None:
+    """A client in the trainer's process reaches the trainer's server through its app, not
+    the socket: the same greedy answer as a client over the socket. Once the server closes
+    nothing is offered, and a client made before is refused at once, not left waiting."""
+    model = tiny_qwen2(seed=3)
+    use_varlen(model)
+    messages = [{"role": "user", "content": "hello"}]
+    b = HFBackend(model, byte_tokenizer(), model_name="tiny")
+    b.start()
+    try:
+        assert app_in_process(b.base_url) is not None
+        client = OpenAIClient(base_url=b.base_url, api_key="x", max_retries=0)
+
+        async def chat() -> Any:
+            with anyio.fail_after(60):
+                return await client.chat(messages, model="tiny", sampling_args={"max_tokens": 6, "temperature": 0})
+
+        inside = anyio.run(chat)
+        over_socket = openai.OpenAI(base_url=b.base_url, api_key="x").chat.completions.create(
+            model="tiny", messages=messages, max_tokens=6, temperature=0, extra_body={"return_token_ids": True}
+        )
+        assert inside.tokens is not None and len(inside.tokens.completion_ids) == 6
+        assert inside.tokens.completion_ids == over_socket.choices[0].model_extra["token_ids"]
+        assert inside.message["content"] == over_socket.choices[0].message.content
+    finally:
+        b.close()
+    assert app_in_process(b.base_url) is None
+    with pytest.raises(ModelError, match="500"):
+        anyio.run(chat)

@@ -1,7 +1,8 @@
 """The inference seams of training: the engine and the inference backend.
 
 Generation always goes through an OpenAI-compatible HTTP endpoint (`base_url`), the same way
-environments reach any model server. An `InferenceEngine` turns token ids into sampled token
+environments reach any model server (clients in the server's own process call its app
+directly: uvicorn_thread.offer_in_process). An `InferenceEngine` turns token ids into sampled token
 ids and their logprobs; `openai_server.OpenAIServer` puts any engine behind that endpoint. An
 `InferenceBackend` (hf.HFBackend, vllm.VLLMBackend) owns an engine and its server, and
 receives new weights after each optimizer step.

@@ -30,7 +30,7 @@ import uuid
 from typing import Any
 
 from sandgym.train.backends.base import Done, GenRequest, GenResult, InferenceEngine
-from sandgym.uvicorn_thread import UvicornThread
+from sandgym.uvicorn_thread import UvicornThread, offer_in_process, withdraw_in_process
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +45,28 @@ class RequestBatcher:
         self.engine = engine
         self.window_s = window_s
         self.q: queue.Queue[tuple[GenRequest, Done] | None] = queue.Queue()
+        self.closed = False
         self.thread = threading.Thread(target=self._run, name="sandgym-engine", daemon=True)
         self.thread.start()
 
     def submit(self, req: GenRequest, done: Done) -> None:
+        if self.closed:
+            raise RuntimeError("the inference server is closed")
         self.q.put((req, done))
 
     def close(self) -> None:
+        self.closed = True
         self.q.put(None)
         self.thread.join(timeout=30)
+        # What was queued behind the close is answered, not left waiting: a client calling the
+        # app in-process has no connection that closing the socket would break.
+        while True:
+            try:
+                item = self.q.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[1](RuntimeError("the inference server closed"))
 
     def take(self, wait: bool, limit: int) -> tuple[list[tuple[GenRequest, Done]], bool]:
         """Up to `limit` queued requests and whether the queue closed. With `wait`: blocks
@@ -354,12 +367,14 @@ class OpenAIServer:
             self._http = UvicornThread(app, host=self.host, port=self.port, name="sandgym-openai-server", lifespan="off")
             self._http.start()
             self.port = self._http.port
+            offer_in_process(self.base_url, app)  # the trainer's own rollouts skip the socket
         except BaseException:
             self.close()  # no batcher or server thread left behind
             raise
         log.info("serving %s at %s", self.model_name, self.base_url)
 
     def close(self) -> None:
+        withdraw_in_process(self.base_url)
         if self._http is not None:
             self._http.stop()
         if self._batcher is not None:
