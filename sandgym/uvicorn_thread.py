@@ -9,14 +9,16 @@ parsing on either side). The trainer's inference server does, for its own rollou
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
 from typing import Any
 from urllib.parse import urlsplit
 
-# Apps this process serves that its own clients may call directly, by origin (scheme://host:port).
-_IN_PROCESS: dict[str, Any] = {}
+# Apps this process serves that its own clients may call directly, by origin (scheme://host:port),
+# with the pid that offered them: a forked child has the dict but not the server's threads.
+_IN_PROCESS: dict[str, tuple[int, Any]] = {}
 
 
 def _origin(url: str) -> str:
@@ -26,7 +28,7 @@ def _origin(url: str) -> str:
 
 def offer_in_process(url: str, app: Any) -> None:
     """Let clients in this process that are given `url` (or any URL on its origin) call `app`."""
-    _IN_PROCESS[_origin(url)] = app
+    _IN_PROCESS[_origin(url)] = (os.getpid(), app)
 
 
 def withdraw_in_process(url: str) -> None:
@@ -35,7 +37,8 @@ def withdraw_in_process(url: str) -> None:
 
 def app_in_process(url: str) -> Any | None:
     """The app offered for `url`'s origin by this process, or None (then use the socket)."""
-    return _IN_PROCESS.get(_origin(url)) if _IN_PROCESS else None
+    offered = _IN_PROCESS.get(_origin(url)) if _IN_PROCESS else None
+    return offered[1] if offered is not None and offered[0] == os.getpid() else None
 
 
 class UvicornThread:

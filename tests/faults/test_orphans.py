@@ -301,7 +301,9 @@ def test_concurrent_reapers_all_succeed(provider: str, local_root: str) -> None:
         assert ready[:1] == ["READY"], ready
         child, ids = int(ready[1]), ready[2:]
         _kill(owner)
-        assert sorted(_settled(provider, root, owner.pid)) == sorted(ids)
+        # Any other sandgym process on the host (other tests' managers, in parallel) may reap
+        # the orphans as soon as their owner is dead: what is left is some of ours, nothing else.
+        assert set(_settled(provider, root, owner.pid)) <= set(ids)
         prunes = [
             subprocess.Popen([sys.executable, "-m", "sandgym", "sandbox", "prune", "--provider", provider, "--json"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

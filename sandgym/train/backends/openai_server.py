@@ -46,17 +46,20 @@ class RequestBatcher:
         self.window_s = window_s
         self.q: queue.Queue[tuple[GenRequest, Done] | None] = queue.Queue()
         self.closed = False
+        self._lock = threading.Lock()  # a request is queued before the close's sentinel, or refused
         self.thread = threading.Thread(target=self._run, name="sandgym-engine", daemon=True)
         self.thread.start()
 
     def submit(self, req: GenRequest, done: Done) -> None:
-        if self.closed:
-            raise RuntimeError("the inference server is closed")
-        self.q.put((req, done))
+        with self._lock:
+            if self.closed:
+                raise RuntimeError("the inference server is closed")
+            self.q.put((req, done))
 
     def close(self) -> None:
-        self.closed = True
-        self.q.put(None)
+        with self._lock:
+            self.closed = True
+            self.q.put(None)
         self.thread.join(timeout=30)
         # What was queued behind the close is answered, not left waiting: a client calling the
         # app in-process has no connection that closing the socket would break.
