@@ -83,6 +83,11 @@ def pick_kernel(device: torch.device | str, requested: str = "auto") -> str:
     return requested
 
 
+def takes_shared_prefix(kernel: str) -> bool:
+    """Whether `kernel` attends rows that start with a prefix their sequences share (sdpa only)."""
+    return kernel == "sdpa"
+
+
 def varlen_causal_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -101,7 +106,7 @@ def varlen_causal_attention(
     """
     hq, hkv = q.shape[1], k.shape[1]
     if prefix_len:
-        if kernel != "sdpa":
+        if not takes_shared_prefix(kernel):
             raise ValueError(f"a shared prefix needs the sdpa attention kernel, not {kernel!r}")
         if int(cu_seqlens[1]) != prefix_len:
             raise ValueError("the shared prefix must be the first segment of cu_seqlens")
@@ -154,19 +159,20 @@ def _sdpa_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[i
     them), and on CPU much cheaper than a loop over sequences, whose slices each cost a
     full-size gradient buffer in backward. Used when padding at most doubles the tokens."""
     n, width = len(lens), max(lens)
-    idx = torch.cat([torch.arange(i * width, i * width + n_i) for i, n_i in enumerate(lens)]).to(q.device)
-
-    def padded(x: torch.Tensor) -> torch.Tensor:  # (T, H, D) -> (N, H, L, D)
-        buf = x.new_zeros(n * width, x.shape[1], x.shape[2]).index_copy(0, idx, x)
-        return buf.view(n, width, x.shape[1], x.shape[2]).transpose(1, 2)
-
-    o = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    idx = _pad_index(lens, width, q.device)
+    qs, ks, vs = (_padded(x, idx, n, width) for x in (q, k, v))
+    o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     return o.transpose(1, 2).reshape(n * width, q.shape[1], q.shape[2]).index_select(0, idx)
 
 
-def _padded(x: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor, n: int, width: int) -> torch.Tensor:
-    """`rows` of x (T, H, D) placed at `idx` of n right-padded sequences: (n, H, width, D)."""
-    buf = x.new_zeros(n * width, x.shape[1], x.shape[2]).index_copy(0, idx, x.index_select(0, rows))
+def _pad_index(lens: list[int], width: int, device: torch.device) -> torch.Tensor:
+    """Where each packed sequence's tokens go among len(lens) right-padded rows of `width`."""
+    return torch.cat([torch.arange(i * width, i * width + n) for i, n in enumerate(lens)]).to(device)
+
+
+def _padded(x: torch.Tensor, idx: torch.Tensor, n: int, width: int) -> torch.Tensor:
+    """Packed tokens x (T, H, D) placed at `idx` of n right-padded sequences: (n, H, width, D)."""
+    buf = x.new_zeros(n * width, x.shape[1], x.shape[2]).index_copy(0, idx, x)
     return buf.view(n, width, x.shape[1], x.shape[2]).transpose(1, 2)
 
 
@@ -192,15 +198,14 @@ def _sdpa_shared_prefix(
     chunks = [list(range(len(lens)))] if len(lens) * max(lens) <= 2 * sum(lens) else [[i] for i in range(len(lens))]
     for chunk in chunks:
         n, width = len(chunk), max(lens[i] for i in chunk)
-        idx = torch.cat([torch.arange(j * width, j * width + lens[i]) for j, i in enumerate(chunk)]).to(q.device)
+        idx = _pad_index([lens[i] for i in chunk], width, q.device)
         rows = torch.cat([torch.arange(bounds[i], bounds[i + 1]) for i in chunk]).to(q.device)
-        keys = torch.cat([heads(k[:p]).expand(n, -1, -1, -1), _padded(k, rows, idx, n, width)], dim=2)
-        values = torch.cat([heads(v[:p]).expand(n, -1, -1, -1), _padded(v, rows, idx, n, width)], dim=2)
+        qs, ks, vs = (_padded(x.index_select(0, rows), idx, n, width) for x in (q, k, v))
+        keys = torch.cat([heads(k[:p]).expand(n, -1, -1, -1), ks], dim=2)
+        values = torch.cat([heads(v[:p]).expand(n, -1, -1, -1), vs], dim=2)
         allowed = torch.ones(width, p + width, dtype=torch.bool, device=q.device)
         allowed[:, p:] = torch.ones(width, width, dtype=torch.bool, device=q.device).tril()
-        o = F.scaled_dot_product_attention(
-            _padded(q, rows, idx, n, width), keys, values, attn_mask=allowed, scale=scale, enable_gqa=gqa
-        )
+        o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=allowed, scale=scale, enable_gqa=gqa)
         out.append(o.transpose(1, 2).reshape(n * width, q.shape[1], q.shape[2]).index_select(0, idx))
     return torch.cat(out, dim=0)
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from sandgym.train.attention import pick_kernel, use_varlen
+from sandgym.train.attention import pick_kernel, takes_shared_prefix, use_varlen
 from sandgym.train.batch import MicroBatch, Sequence, pack
 from sandgym.train.config import LossConfig, ModelConfig, OptimConfig
 from sandgym.train.distributed import (
@@ -147,6 +147,7 @@ class PolicyTrainer:
         self.ref_model = ref_model
         self.dist = dist
         self.kernel = pick_kernel(device, model_cfg.attention)
+        self.share_prefix = model_cfg.share_prefix and takes_shared_prefix(self.kernel)
         use_varlen(model)
         if ref_model is not None:
             use_varlen(ref_model)
@@ -206,8 +207,7 @@ class PolicyTrainer:
         """This rank's packed share of the step, sequence indices global, padded with empty
         micro-batches to the largest count on any rank."""
         mine = assign_to_ranks([len(s) for s in seqs], self.dist.world_size)[self.dist.rank]
-        share = self.model_cfg.share_prefix and self.kernel == "sdpa"
-        mbs = pack([seqs[i] for i in mine], self.optim_cfg.micro_batch_tokens, share_prefix=share) if mine else []
+        mbs = pack([seqs[i] for i in mine], self.optim_cfg.micro_batch_tokens, share_prefix=self.share_prefix) if mine else []
         ids = torch.tensor(mine, dtype=torch.long)
         for mb in mbs:
             mb.seq_index = ids[mb.seq_index]

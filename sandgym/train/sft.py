@@ -52,7 +52,7 @@ class SFTTrainer:
         records: list[dict[str, Any]] | None = None,
     ) -> None:
         """`records`: what `read_records(cfg.data)` gave, when the caller has read them already."""
-        from sandgym.train.attention import pick_kernel, use_varlen
+        from sandgym.train.attention import pick_kernel, takes_shared_prefix, use_varlen
         from sandgym.train.config import TrainConfig
         from sandgym.train.trainer import load_model_and_tokenizer
         from sandgym.train.trajectory import record_to_sequence
@@ -72,6 +72,7 @@ class SFTTrainer:
             load_weights(model, cfg.model.init_from, cfg.model.model_dump(mode="json"))
         self.model = model.to(self.device)  # type: ignore[arg-type]  # transformers wraps PreTrainedModel.to with functools.wraps, which hides the bound self from mypy
         self.kernel = pick_kernel(self.device, cfg.model.attention)
+        self.share_prefix = cfg.model.share_prefix and takes_shared_prefix(self.kernel)
         self.head_kernel = pick_head_kernel(self.device, cfg.model.logprob_kernel)
         use_varlen(self.model)
         self.amp = autocast_dtype(cfg.model, self.device)
@@ -102,8 +103,7 @@ class SFTTrainer:
     def train_step(self, seqs: list[Sequence]) -> dict[str, float]:
         t0 = time.perf_counter()
         self.model.train()
-        share = self.cfg.model.share_prefix and self.kernel == "sdpa"
-        mbs = [mb.to(self.device) for mb in pack(seqs, self.cfg.optim.micro_batch_tokens, share_prefix=share)]
+        mbs = [mb.to(self.device) for mb in pack(seqs, self.cfg.optim.micro_batch_tokens, share_prefix=self.share_prefix)]
         total = float(sum(float(mb.mask.sum()) for mb in mbs))
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
