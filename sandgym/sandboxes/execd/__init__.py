@@ -27,6 +27,7 @@ from .client import (
     ExecdRequestError,
     ExecdRestartedError,
     ExecdUnresponsiveError,
+    ensure_bytecode,
     execd_command,
 )
 from .live import ExecdLiveProcess
@@ -49,5 +50,6 @@ __all__ = [
     "ExecdRestartedError",
     "ExecdTransport",
     "ExecdUnresponsiveError",
+    "ensure_bytecode",
     "execd_command",
 ]

@@ -3,8 +3,10 @@
 
 Standard library only, Python >= 3.9, so any image with python3 can run it unchanged:
 
-    python3 -I -S server.py --socket /run/sandgym/execd.sock [--ttl SECONDS]
-                         [--owner-fifo /run/sandgym/lifeline --owner-grace SECONDS]
+    python3 -I -S main.py --socket /run/sandgym/execd.sock [--ttl SECONDS]
+                       [--owner-fifo /run/sandgym/lifeline --owner-grace SECONDS]
+
+(main.py imports this module, from its .pyc when there is one; run as a script it works the same.)
 
 Wire format (both directions; framing.py, loaded from this folder): a frame is a 4-byte
 big-endian length, that many bytes of UTF-8 JSON (the header), then raw payloads whose
@@ -65,7 +67,7 @@ if TYPE_CHECKING:
 if __package__:  # imported as sandgym.sandboxes.execd.server (host-side tests)
     from .capped import CappedBuffer
     from .framing import FrameReader, encode, read_frame, recv_frame, send_frame
-else:  # run as a script in the sandbox; -I keeps this folder off sys.path (appended: stdlib first)
+else:  # in the sandbox (main.py imports it, or run as a script); -I keeps this folder off sys.path
     sys.path.append(os.path.dirname(os.path.abspath(__file__)))
     from capped import CappedBuffer  # type: ignore[import-not-found, no-redef]
     from framing import FrameReader, encode, read_frame, recv_frame, send_frame  # type: ignore[import-not-found, no-redef]

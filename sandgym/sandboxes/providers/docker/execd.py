@@ -50,6 +50,7 @@ from ...execd import (
     ExecdRestartedError,
     ExecdTransport,
     ExecdUnresponsiveError,
+    ensure_bytecode,
 )
 from ...result import ExecResult
 from .exec import _SWEEP, EXEC_ID_ENV
@@ -102,6 +103,7 @@ exit 0"""
 
 def execd_volumes(host_socket_dir: str | os.PathLike[str]) -> dict[str, dict[str, str]]:
     """Docker SDK `volumes=`/`binds` entries: the socket directory (rw) and execd's code (ro)."""
+    ensure_bytecode()
     return {
         str(host_socket_dir): {"bind": CONTAINER_SOCKET_DIR, "mode": "rw"},
         str(EXECD_DIR): {"bind": CONTAINER_EXECD_DIR, "mode": "ro"},
