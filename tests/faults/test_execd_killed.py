@@ -36,7 +36,7 @@ RUN = uuid.uuid4().hex[:12]
 STRICT = SandboxSpec(memory_mb=256, disk_mb=32, ttl_s=900)
 # Inside the sandbox: every execd process (anchored, so the pattern does not match this very
 # shell); init, PID 1, is among them, and Linux delivers no signal from inside to it...
-KILL_EXECD = "kill -9 $(pgrep -f '^python3 -I( -S)? /opt/sandgym-execd/main.py'); sleep 30; echo survived"
+KILL_EXECD = "kill -9 $(pgrep -f '^python3 -I( -S)? /opt/sandgym-execd/server.py'); sleep 30; echo survived"
 # ... but gVisor does: there only the serving execd (this shell's parent) is killed, and
 # killing init from inside a gVisor sandbox is its own case below.
 KILL_SERVING_EXECD = "kill -9 $PPID; sleep 30; echo survived"
@@ -63,7 +63,7 @@ def _init_host_pid(cid: str) -> int:
 
 
 def _execd_host_pid(cid: str) -> int:
-    """The host pid of the container's serving execd: init's child running main.py."""
+    """The host pid of the container's serving execd: init's child running server.py."""
     init = _init_host_pid(cid)
     pids = []
     for child in Path(f"/proc/{init}/task/{init}/children").read_text().split():
@@ -71,7 +71,7 @@ def _execd_host_pid(cid: str) -> int:
             argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(a.endswith(b"/opt/sandgym-execd/main.py") for a in argv):
+        if any(a.endswith(b"/opt/sandgym-execd/server.py") for a in argv):
             pids.append(int(child))
     assert len(pids) == 1, pids
     return pids[0]
@@ -210,7 +210,7 @@ def test_execd_killed_through_the_sdk(tmp_path: Path, monkeypatch: pytest.Monkey
         cid = srv.service.store.get_any(sb.id).container_id  # type: ignore[union-attr]
         assert cid
         with pytest.raises(APIError) as err:
-            c.execute_command(sb.id, "kill -9 $(pgrep -f '^python3 -I( -S)? /opt/sandgym-execd/main.py'); sleep 30",
+            c.execute_command(sb.id, "kill -9 $(pgrep -f '^python3 -I( -S)? /opt/sandgym-execd/server.py'); sleep 30",
                               timeout=60)
         os.kill(_execd_host_pid(cid), signal.SIGKILL)  # and once more from the host, between calls
         time.sleep(0.5)

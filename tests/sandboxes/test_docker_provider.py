@@ -595,25 +595,26 @@ async def test_agent_is_the_default_transport(sb: DockerSandbox) -> None:
     r = await sb.exec("echo $HOME; cat /proc/1/cmdline | tr '\\0' ' '")
     assert r.stdout.splitlines()[0] == "/tmp"
     # execd's own init is PID 1 (it reaps orphans and starts execd again if it is killed)
-    assert "/opt/sandgym-execd/main.py" in r.stdout.splitlines()[1]
+    assert "/opt/sandgym-execd/server.py" in r.stdout.splitlines()[1]
     assert (await sb.transport.client.ping())["pid"] not in (1, None)
 
 
 async def test_execd_starts_from_the_hosts_bytecode(sb: DockerSandbox) -> None:
-    """A sandbox's execd imports server.py from the .pyc the host wrote (not compiled at each
-    start) when the sandbox's python3 has the host's version, and the .pyc is current."""
+    """A sandbox's execd (server.py, a stub) imports daemon.py from the .pyc the host wrote,
+    not compiled at each start, when the sandbox's python3 has the host's version."""
     import importlib.util
     import sys
 
-    from sandgym.sandboxes.execd import SERVER_PATH
+    from sandgym.sandboxes.execd import EXECD_DIR
 
-    pyc = Path(importlib.util.cache_from_source(str(SERVER_PATH)))
-    assert pyc.stat().st_mtime >= SERVER_PATH.stat().st_mtime
-    probe = "import sys; sys.path.insert(0, '/opt/sandgym-execd'); import server; print(sys.version_info[:2])"
+    source = EXECD_DIR / "daemon.py"
+    pyc = Path(importlib.util.cache_from_source(str(source)))
+    assert pyc.stat().st_mtime >= source.stat().st_mtime
+    probe = "import sys; sys.path.insert(0, '/opt/sandgym-execd'); import daemon; print(sys.version_info[:2])"
     r = await sb.exec(["python3", "-I", "-S", "-v", "-c", probe])
     assert r.exit_code == 0, r.stderr
     if r.stdout.strip() != str(tuple(sys.version_info[:2])):
-        return  # another version: it compiled server.py in memory (the import above worked)
+        return  # another version: it compiled daemon.py in memory (the import above worked)
     assert f"code object from '/opt/sandgym-execd/__pycache__/{pyc.name}'" in r.stderr, r.stderr[-2000:]
 
 

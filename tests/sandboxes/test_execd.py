@@ -32,7 +32,7 @@ from sandgym.sandboxes.execd import (
     ExecdUnresponsiveError,
     execd_command,
 )
-from sandgym.sandboxes.execd import server as execd_server
+from sandgym.sandboxes.execd import daemon as execd_server
 from sandgym.sandboxes.live import Event, LiveHandle
 from sandgym.sandboxes.providers.docker.execd import execd_volumes
 from tests.conftest import require
@@ -620,7 +620,7 @@ async def test_execd_in_hardened_container(container_sock) -> None:
         info = await c.wait_ready(60)
         assert info["pid"] != 1 and info["uid"] == 1000  # init's child, unprivileged
         init = await c.exec(["sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline"], timeout=20)
-        assert "/opt/sandgym-execd/main.py" in init.stdout  # execd's own init is PID 1
+        assert "/opt/sandgym-execd/server.py" in init.stdout  # execd's own init is PID 1
         assert info["cpus"] == 1  # batch parallelism follows the CPU quota, not the host
         r = await c.exec(["sh", "-c", "id -u; pwd; ls /sys/class/net"], timeout=20)
         assert r.exit_code == 0 and r.stdout.split() == ["1000", "/workspace", "lo"]  # network none
@@ -716,8 +716,8 @@ async def test_init_starts_a_killed_execd_again() -> None:
         assert ctr.status == "running"
         # from the host, as the OOM killer would, with idle pooled connections left behind
         top = engine.api.top(ctr.id, ps_args="-o pid,ppid,args")["Processes"]
-        host_init = next(int(p[0]) for p in top if "sandgym-execd/main.py" in p[2] and not any(q[0] == p[1] for q in top))
-        host_execd = next(int(p[0]) for p in top if int(p[1]) == host_init and "sandgym-execd/main.py" in p[2])
+        host_init = next(int(p[0]) for p in top if "sandgym-execd/server.py" in p[2] and not any(q[0] == p[1] for q in top))
+        host_execd = next(int(p[0]) for p in top if int(p[1]) == host_init and "sandgym-execd/server.py" in p[2])
         os.kill(host_execd, signal.SIGKILL)
         for _ in range(100):
             try:

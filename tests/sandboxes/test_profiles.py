@@ -165,7 +165,7 @@ async def test_vm_root_sees_nothing_of_the_host_or_other_sandboxes(
     assert mark not in r.stdout.replace(f"ls: cannot access '/{mark}.txt'", ""), r.stdout
     assert r.stdout.count("No such file or directory") >= 3, r.stdout
     # b's own processes only: execd (its init and its serving half), and this command
-    assert r.stdout.count("/opt/sandgym-execd/main.py") >= 2, r.stdout
+    assert r.stdout.count("/opt/sandgym-execd/server.py") >= 2, r.stdout
     host_pid = os.getpid()
     r = await b.exec(f"test -e /proc/{host_pid}/root/etc/hostname && cat /proc/{host_pid}/cmdline; echo checked")
     assert "pytest" not in r.stdout and "checked" in r.stdout

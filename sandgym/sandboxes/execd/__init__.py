@@ -1,4 +1,4 @@
-"""execd: the in-sandbox exec daemon (server.py, stdlib only, runs inside the sandbox), its
+"""execd: the in-sandbox exec daemon (daemon.py, stdlib only, runs inside the sandbox), its
 host-side async client (client.py), the transport adapter over it (transport.py) and
 live processes run by it (live.py).
 

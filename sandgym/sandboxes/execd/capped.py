@@ -1,5 +1,5 @@
 """A capped output buffer: keeps the first `limit` bytes written and remembers whether more
-arrived. Standard library only (Python >= 3.9): execd's server.py loads it from this folder
+arrived. Standard library only (Python >= 3.9): execd's daemon.py loads it from this folder
 inside a sandbox, and every host-side transport (docker exec, local, prime) uses it too."""
 
 

@@ -1,4 +1,4 @@
-"""Host-side async client for execd, the in-sandbox exec daemon (server.py, same folder).
+"""Host-side async client for execd, the in-sandbox exec daemon (daemon.py, same folder).
 
 Running execd in a container (what a provider does; providers/docker/execd.py is the
 docker provider's wiring):
@@ -13,10 +13,10 @@ docker provider's wiring):
   cap_drop ALL, no-new-privileges.
 - Command (the container's main process, with no docker-init: the container ends when
   execd ends itself, at its TTL or when its owner is gone): `execd_command(ttl_s)` =
-  `python3 -I -S /opt/sandgym-execd/main.py --socket /run/sandgym/execd.sock --ttl <ttl_s>`
-  (main.py imports server.py, from the `.pyc` that `ensure_bytecode()` makes: call it before
+  `python3 -I -S /opt/sandgym-execd/server.py --socket /run/sandgym/execd.sock --ttl <ttl_s>`
+  (server.py imports daemon.py, from the `.pyc` that `ensure_bytecode()` makes: call it before
   mounting). As PID 1 execd is the container's init: it reaps orphans, holds the socket, and
-  starts the serving execd again when that is killed (server.py `init`). The container's env and
+  starts the serving execd again when that is killed (daemon.py `init`). The container's env and
   working directory become every command's defaults.
 - Owner lifeline (optional): a FIFO in the socket directory that only the owning process
   holds open for writing (`ownership.Lifeline.fifo`); `execd_command(ttl_s,
@@ -71,8 +71,7 @@ from ..result import ExecResult
 from . import framing
 
 EXECD_DIR = Path(__file__).resolve().parent
-SERVER_PATH = EXECD_DIR / "server.py"
-ENTRY_NAME = "main.py"  # the script a sandbox runs: it imports server.py
+SERVER_PATH = EXECD_DIR / "server.py"  # the script a sandbox runs: it imports daemon.py
 CONTAINER_EXECD_DIR = "/opt/sandgym-execd"
 CONTAINER_SOCKET_DIR = "/run/sandgym"
 SOCKET_NAME = "execd.sock"
@@ -101,7 +100,7 @@ EGRESS_SOCKET_NAME = "egress.sock"
 def ensure_bytecode() -> None:
     """Write the `.pyc` of execd's modules for this Python next to them, where missing or
     stale, once per process: sandboxes mount the folder read-only and import from it on every
-    start, where compiling server.py would cost each start about 16 ms of CPU. A sandbox whose
+    start, where compiling daemon.py would cost each start about 16 ms of CPU. A sandbox whose
     python3 is another version compiles in memory, as before. A folder this user may not
     write (a system install, whose installer wrote them) is left as it is."""
     import compileall
@@ -127,7 +126,7 @@ def execd_command(
         "python3",
         "-I",
         "-S",  # stdlib only: no site (its .pth walk is a good part of a start under gVisor)
-        f"{CONTAINER_EXECD_DIR}/{ENTRY_NAME}",
+        f"{CONTAINER_EXECD_DIR}/{SERVER_PATH.name}",
         "--socket",
         socket_path or f"{CONTAINER_SOCKET_DIR}/{SOCKET_NAME}",
     ]
@@ -384,7 +383,7 @@ class ExecdClient:
     ) -> ExecResult:
         """Run a Python program as `python3 -` with it on stdin would, under RLIMIT_CPU of
         `cpu_limit_s`: forked from execd's warm interpreter (a fork, not an interpreter
-        start), or a fresh one where that would behave differently (server.py's run_python).
+        start), or a fresh one where that would behave differently (daemon.py's run_python).
         An execd from before this op raises ExecdRequestError ("bad_request", unknown op)."""
         timeout = 60.0 if timeout is None else timeout
         header = _job_header(["python3", "-"], timeout, env, cwd, True, output_limit)

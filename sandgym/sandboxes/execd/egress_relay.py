@@ -1,6 +1,6 @@
 """The in-sandbox end of egress: TCP 127.0.0.1:PORT -> the host's egress unix socket.
 
-Standard library only (runs inside the sandbox; server.py loads it by path when started with
+Standard library only (runs inside the sandbox; daemon.py loads it by path when started with
 --egress-port and --egress-socket). A sandbox has no network interface but loopback, so
 programs are pointed at http://127.0.0.1:PORT by HTTP(S)_PROXY; each connection they open
 is carried over a fresh connection to the bind-mounted unix socket, whose host end forwards

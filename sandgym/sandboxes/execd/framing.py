@@ -1,11 +1,11 @@
-"""Length-prefixed JSON frames: the one wire format of execd (server.py inside the sandbox,
+"""Length-prefixed JSON frames: the one wire format of execd (daemon.py inside the sandbox,
 client.py on the host) and of the judge's in-sandbox harness (sandgym.judge).
 
 A frame is a 4-byte big-endian length, that many bytes of UTF-8 JSON (the header, an
 object), then raw payloads whose lengths the header lists in "blobs". Bytes (stdin, stdout,
 file contents, tar archives) therefore never pass through base64 or JSON.
 
-Standard library only, Python >= 3.9: it runs inside sandboxes, where server.py loads it
+Standard library only, Python >= 3.9: it runs inside sandboxes, where daemon.py loads it
 from its own folder and the judge sends it as text. Nothing here does I/O of its own: a
 reader is any `read(n)` (a file's read, a socket's recv), a writer takes the pieces.
 """

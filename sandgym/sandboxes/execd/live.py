@@ -1,4 +1,4 @@
-"""`ExecdLiveProcess`: a live process run by execd (server.py's `Live`) on a connection of
+"""`ExecdLiveProcess`: a live process run by execd (daemon.py's `Live`) on a connection of
 its own: the start, stdin, output and the exit code are frames on that one connection, so a
 live process costs what an exec costs (no runtime exec API, no helper commands).
 

@@ -1,4 +1,4 @@
-"""The warm interpreter: a `python3 -I` that execd (server.py) keeps per sandbox and that
+"""The warm interpreter: a `python3 -I` that execd (daemon.py) keeps per sandbox and that
 forks a child per Python program ("python" op), so a program costs a fork instead of an
 interpreter start (10-17 ms of CPU per program under a 2-core host's load; HumanEval runs
 one per rollout). Standard library only, Python >= 3.9, loaded from execd's folder.
@@ -17,10 +17,10 @@ imported (so a file in the working directory shadows the standard library as it 
 the job's whole environment in os.environ, stdin at end of file (the program came on it),
 a session of its own, RLIMIT_CPU when asked. Why that is safe across users: the
 interpreter was started isolated (-I: no PYTHON* variables, no user site-packages, nothing
-from the working directory) and only when no process of a sandbox user ran (server.py),
+from the working directory) and only when no process of a sandbox user ran (daemon.py),
 so nothing a sandbox user writes can enter it, and it survives `reset` holding only the
 standard library. execd starts a fresh `python3 -` instead where a child would differ
-(server.py's WarmPython.fits). Children share the interpreter's str-hash seed (a fresh
+(daemon.py's WarmPython.fits). Children share the interpreter's str-hash seed (a fresh
 interpreter draws one per run). The interpreter is not dumpable (no process of the same
 user may ptrace it or open its descriptors); its children are again, like any program.
 """

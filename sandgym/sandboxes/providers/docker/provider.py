@@ -24,7 +24,7 @@ images are built instead when missing (images.py, `build_images`). Why a
 container died comes from the engine's events (events.py).
 
 Commands and files go through a `Transport` (transport.py). When the image has python3,
-the container's main process is execd, the in-sandbox exec daemon (sandboxes/execd/server.py,
+the container's main process is execd, the in-sandbox exec daemon (sandboxes/execd/daemon.py,
 mounted read-only from this package), listening on a unix socket in a per-container host
 directory (execd.py): a few ms per command instead of tens for `docker exec`. Images without
 python3 (execd's start fails with "executable file not found") are remembered per image
