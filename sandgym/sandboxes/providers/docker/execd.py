@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 _RETRIES = 6
 _REFUSED_EXIT = 126
 _RESTART_WAIT_S = 15.0  # how long a killed execd may take to answer again (python's start, under load)
+_RESTART_POLL_S = 0.5  # how often that wait looks whether the container still runs
 T = TypeVar("T")
 
 # Kill everything but PID 1 (init), execd ($1) and this shell, a few passes in case some
@@ -188,12 +189,9 @@ class DockerExecdTransport(ExecdTransport):
         try:
             return await fn()
         except ExecdConnectionLost as exc:
-            if not await self._container_running():
+            info = await self._restarted_execd()
+            if info is None:
                 raise
-            try:
-                info = await self.client.wait_ready(_RESTART_WAIT_S)
-            except SandboxError:
-                raise exc from None
             if self.execd_pid is not None and int(info["pid"]) == self.execd_pid:
                 raise ExecdRestartedError(f"the connection to execd broke during {what}, execd still runs; "
                                           f"whether {what} took effect is unknown: {exc}") from exc
@@ -203,6 +201,22 @@ class DockerExecdTransport(ExecdTransport):
                 f"files and other processes are intact, but whether {what} took effect is unknown (a command "
                 "it ran was killed)"
             ) from exc
+
+    async def _restarted_execd(self) -> dict[str, Any] | None:
+        """execd's ping once init has started it again; None when the container stops
+        meanwhile (an OOM kill under gVisor ends the connection a moment before the
+        container is seen stopped: waiting out the whole bound would report it 15 s late)
+        or execd does not answer within _RESTART_WAIT_S."""
+        deadline = anyio.current_time() + _RESTART_WAIT_S
+        while await self._container_running():
+            left = deadline - anyio.current_time()
+            if left <= 0:
+                return None
+            try:
+                return await self.client.wait_ready(min(left, _RESTART_POLL_S))
+            except SandboxError:
+                pass
+        return None
 
     async def _call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T | None:
         """Run `fn`, again while execd refuses it for want of a thread (`busy`) or a
