@@ -203,20 +203,29 @@ class DockerExecdTransport(ExecdTransport):
             ) from exc
 
     async def _restarted_execd(self) -> dict[str, Any] | None:
-        """execd's ping once init has started it again; None when the container stops
-        meanwhile (an OOM kill under gVisor ends the connection a moment before the
-        container is seen stopped: waiting out the whole bound would report it 15 s late)
-        or execd does not answer within _RESTART_WAIT_S."""
-        deadline = anyio.current_time() + _RESTART_WAIT_S
-        while await self._container_running():
-            left = deadline - anyio.current_time()
-            if left <= 0:
-                return None
-            try:
-                return await self.client.wait_ready(min(left, _RESTART_POLL_S))
-            except SandboxError:
-                pass
-        return None
+        """execd's ping once init has started it again; None when execd does not answer
+        within _RESTART_WAIT_S or the container stops meanwhile. A gVisor OOM kill ends the
+        connection a moment before the container is seen stopped: waiting out the whole
+        bound reported it 15 s late, so the container is watched while execd is awaited."""
+        ready: dict[str, Any] | None = None
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                while await self._container_running():
+                    await anyio.sleep(_RESTART_POLL_S)
+                tg.cancel_scope.cancel()
+
+            async def wait() -> None:
+                nonlocal ready
+                try:
+                    ready = await self.client.wait_ready(_RESTART_WAIT_S)
+                except SandboxError:
+                    pass
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            tg.start_soon(wait)
+        return ready
 
     async def _call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T | None:
         """Run `fn`, again while execd refuses it for want of a thread (`busy`) or a
