@@ -90,14 +90,14 @@ async def _gone(sb: ManagedSandbox, what: str, misreported: list[str]) -> None:
     for call in (lambda: sb.exec("echo still here"), lambda: sb.read_file("/workspace/acked.txt")):
         try:
             with anyio.fail_after(60):
-                await call()
+                got = await call()
         except SandboxGoneError as exc:
             if not str(exc) or exc.reason != "REMOVED":
                 misreported.append(f"{what}: SandboxGoneError {exc.reason}: {exc}")
         except Exception as exc:
             misreported.append(f"{what}: {type(exc).__name__} instead of SandboxGoneError: {exc}")
         else:
-            misreported.append(f"{what}: answered after its init was killed")
+            misreported.append(f"{what}: answered after its init was killed: {got!r}")
     if await sb.alive():
         misreported.append(f"{what}: alive() after its init was killed")
 

@@ -211,12 +211,7 @@ class DockerExecdTransport(ExecdTransport):
         async with anyio.create_task_group() as tg:
 
             async def watch() -> None:
-                while True:
-                    try:
-                        if not await self._container_running():
-                            break
-                    except Exception as exc:  # the engine not answering (a restart): not a stop
-                        log.debug("cannot tell whether the container runs: %r", exc)
+                while await self._container_running():
                     await anyio.sleep(_RESTART_POLL_S)
                 tg.cancel_scope.cancel()
 
