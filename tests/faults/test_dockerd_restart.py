@@ -39,7 +39,7 @@ from sandgym.sandboxes import SandboxManager, SandboxSpec
 from sandgym.sandboxes.errors import SandboxError, SandboxGoneError
 from sandgym.sandboxes.manager import ManagedSandbox
 from tests.conftest import lacking, require
-from tests.faults.test_execd_killed import _init_host_pid
+from tests.faults.test_execd_killed import _init_host_pid, _kill_and_wait
 
 pytestmark = [pytest.mark.docker, pytest.mark.faults, pytest.mark.slow]
 
@@ -223,7 +223,7 @@ def test_dockerd_restarted_during_a_workload(tmp_path: Path) -> None:
             fresh = await mgr.acquire(spec)
             assert (await fresh.exec("echo fresh")).stdout == "fresh\n"
             # The engine's events are followed again: a sandbox that dies now is told apart.
-            os.kill(await anyio.to_thread.run_sync(_init_host_pid, fresh.id), signal.SIGKILL)
+            _kill_and_wait(await anyio.to_thread.run_sync(_init_host_pid, fresh.id))
             try:
                 after_kill = await fresh.exec("echo gone")
             except SandboxGoneError as exc:

@@ -62,6 +62,20 @@ def _init_host_pid(cid: str) -> int:
         client.close()
 
 
+def _kill_and_wait(pid: int) -> None:
+    """SIGKILL `pid` and wait until it has died: kill() returns before the process is gone,
+    and an exec sent in that moment is still answered (seen on a loaded machine)."""
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(500):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.01)
+
+
 def _execd_host_pid(cid: str) -> int:
     """The host pid of the container's serving execd: init's child running server.py."""
     init = _init_host_pid(cid)
@@ -163,7 +177,7 @@ async def test_execd_killed(manager: SandboxManager) -> None:
 
     # init itself, from the host (`docker kill`), and from inside under gVisor, which (unlike
     # Linux) delivers a SIGKILL from inside to the sandbox's init: these take the sandbox.
-    os.kill(_init_host_pid(boxes["init-host"].id), signal.SIGKILL)
+    _kill_and_wait(_init_host_pid(boxes["init-host"].id))
     await _gone(boxes["init-host"], "init-host", misreported)
     if "vm-init-inside" in boxes:
         try:
