@@ -39,7 +39,7 @@ from sandgym.sandboxes import SandboxManager, SandboxSpec
 from sandgym.sandboxes.errors import SandboxError, SandboxGoneError
 from sandgym.sandboxes.manager import ManagedSandbox
 from tests.conftest import lacking, require
-from tests.faults.test_execd_killed import _init_host_pid, _kill_and_wait
+from tests.faults.test_execd_killed import _init_host_pid, _kill_and_wait, _state
 
 pytestmark = [pytest.mark.docker, pytest.mark.faults, pytest.mark.slow]
 
@@ -112,14 +112,6 @@ def _start_dockerd(argv: list[str]) -> None:
     with open(DOCKERD_LOG, "ab") as log:
         subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True)
     assert _wait(_ping, 120), f"dockerd did not come back; see {DOCKERD_LOG}"
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0].decode()
-    except OSError:
-        return "gone"
 
 
 def _containers(label: str) -> list[str]:

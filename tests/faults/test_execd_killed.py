@@ -62,18 +62,24 @@ def _init_host_pid(cid: str) -> int:
         client.close()
 
 
+def _state(pid: int) -> str:
+    """The process's state letter from /proc (R, S, Z, ...), or "gone"."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0].decode()
+    except OSError:
+        return "gone"
+
+
 def _kill_and_wait(pid: int) -> None:
     """SIGKILL `pid` and wait until it has died: kill() returns before the process is gone,
     and an exec sent in that moment is still answered (seen on a loaded machine)."""
     os.kill(pid, signal.SIGKILL)
     for _ in range(500):
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return
-        if state in ("Z", "X"):
+        if _state(pid) in ("gone", "Z", "X"):
             return
         time.sleep(0.01)
+    raise AssertionError(f"pid {pid} still runs 5 s after SIGKILL")
 
 
 def _execd_host_pid(cid: str) -> int:
