@@ -211,7 +211,7 @@ class DockerExecdTransport(ExecdTransport):
         async with anyio.create_task_group() as tg:
 
             async def watch() -> None:
-                while await self._container_running():
+                while await self._may_run():
                     await anyio.sleep(_RESTART_POLL_S)
                 tg.cancel_scope.cancel()
 
@@ -227,6 +227,16 @@ class DockerExecdTransport(ExecdTransport):
             tg.start_soon(wait)
         return ready
 
+    async def _may_run(self) -> bool:
+        """False only when the engine says the container has stopped or is gone: an engine
+        that does not answer (dockerd restarting, live-restore keeping containers up) is
+        not a stop, and its own error is no answer to give the caller."""
+        try:
+            return await self._container_running()
+        except Exception as exc:
+            log.debug("cannot tell whether the container runs: %r", exc)
+            return True
+
     async def _call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T | None:
         """Run `fn`, again while execd refuses it for want of a thread (`busy`) or a
         connection while the container runs; None when it kept refusing."""
@@ -239,7 +249,7 @@ class DockerExecdTransport(ExecdTransport):
             except (ExecdUnresponsiveError, ExecdConnectionLost):
                 raise
             except SandboxGoneError:  # no connection to be had
-                if not await self._container_running():
+                if not await self._may_run():
                     raise
             log.debug("execd refused a request (attempt %d); container still runs", attempt)
             await anyio.sleep(0.05 * 2**attempt)
