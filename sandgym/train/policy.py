@@ -23,6 +23,7 @@ import torch
 
 from sandgym.train.attention import pick_kernel, takes_shared_prefix, use_varlen
 from sandgym.train.batch import MicroBatch, Sequence, pack
+from sandgym.train.compiled import compile_layers
 from sandgym.train.config import LossConfig, ModelConfig, OptimConfig
 from sandgym.train.distributed import (
     SINGLE,
@@ -34,7 +35,7 @@ from sandgym.train.distributed import (
     optimizer_state_dict,
     shard_model,
 )
-from sandgym.train.logprobs import decoder, packed_logprobs, pick_head_kernel
+from sandgym.train.logprobs import packed_logprobs, pick_head_kernel
 from sandgym.train.loss import StepNormalizer, grpo_loss
 
 if TYPE_CHECKING:
@@ -85,14 +86,6 @@ class LogprobModel(torch.nn.Module):
             head_kernel=self.head_kernel,
             prefix_len=mb.prefix_len,
         )
-
-
-def compile_layers(model: torch.nn.Module) -> None:
-    """torch.compile each decoder layer in place, with dynamic shapes (packed micro-batches
-    differ in length). Layers, not the whole model: the attention call and the LM head stay
-    outside the graph, so sandgym's varlen kernels and fused heads run as they are."""
-    for layer in decoder(model).layers:
-        layer.compile(dynamic=True)
 
 
 def empty_micro_batch(pad_id: int = 0) -> MicroBatch:

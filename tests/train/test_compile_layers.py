@@ -1,13 +1,20 @@
 """`model.compile_layers`: decoder layers compiled in place (inductor on CPU here, as on CUDA)
-give the eager step's loss, gradient norm and new weights, and the same model still generates
-with a KV cache afterwards (a shared transformers backend runs through the compiled layers)."""
+give the eager step's loss, gradient norm and new weights; a transformers backend sharing the
+model decodes with it afterwards, the same greedy tokens as the eager model's, through the
+layers run eagerly (nothing compiled while it decodes), per thread (sandgym/train/compiled.py)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
-from sandgym.models.tiny import tiny_qwen2
+from sandgym.models.tiny import byte_tokenizer, tiny_qwen2
+from sandgym.train.backends.base import GenRequest
+from sandgym.train.backends.hf import HFEngine
+from sandgym.train.compiled import CompiledForward, eager_layers
 from sandgym.train.config import ConfigError, LossConfig, ModelConfig, OptimConfig, TrainConfig
 from sandgym.train.policy import PolicyTrainer
 
@@ -31,18 +38,48 @@ def _step(compiled: bool) -> tuple[dict[str, float], dict[str, torch.Tensor], to
     return m, {k: v.detach().clone() for k, v in model.state_dict().items()}, model
 
 
+def _graphs() -> int:
+    return int(counters["stats"]["unique_graphs"])
+
+
 def test_compiled_layers_step_and_generate_like_eager() -> None:
-    (me, we, eager), (mc, wc, compiled) = _step(False), _step(True)
-    layer = compiled.get_decoder().layers[0]
-    assert getattr(layer, "_compiled_call_impl", None) is not None  # really compiled
+    (me, we, eager), graphs = _step(False), _graphs()
+    mc, wc, compiled = _step(True)
+    assert isinstance(compiled.get_decoder().layers[0].forward, CompiledForward)
+    assert _graphs() > graphs  # really compiled
     for key in ("loss", "grad_norm", "train_tokens"):
         assert mc[key] == pytest.approx(me[key], rel=1e-4, abs=1e-6), key
     for k in we:
         torch.testing.assert_close(wc[k], we[k], rtol=1e-4, atol=1e-5, msg=k)
-    prompt = torch.tensor([[5, 17, 42, 99]])
-    outs = [m.generate(prompt, max_new_tokens=6, do_sample=False) for m in (eager, compiled)]
-    assert outs[0].shape == (1, 10)
-    assert torch.equal(outs[0], outs[1])
+    req = GenRequest(prompt_ids=[5, 17, 42, 99], max_tokens=6, temperature=0.0, ignore_eos=True)
+    graphs = _graphs()
+    outs = [HFEngine(m, byte_tokenizer()).generate([req])[0].completion_ids for m in (eager, compiled)]
+    assert _graphs() == graphs  # decoding compiled nothing
+    assert len(outs[0]) == 6 and outs[0] == outs[1]
+
+
+def test_eager_layers_is_per_thread() -> None:
+    """A thread decoding (inside `eager_layers`) leaves the trainer's thread compiled."""
+    inside, release = threading.Event(), threading.Event()
+
+    def decoding() -> None:
+        with eager_layers():
+            inside.set()
+            release.wait(60)
+
+    t = threading.Thread(target=decoding)
+    t.start()
+    try:
+        assert inside.wait(60)
+        f, graphs = CompiledForward(lambda x: x * 2 + 1), _graphs()
+        assert torch.equal(f(torch.ones(3)), torch.full((3,), 3.0))
+        assert _graphs() == graphs + 1  # compiled here while the other thread is eager
+        with eager_layers():
+            assert torch.equal(f(torch.ones(5)), torch.full((5,), 3.0))
+        assert _graphs() == graphs + 1  # and run as it is inside
+    finally:
+        release.set()
+        t.join()
 
 
 def test_compile_layers_refused_with_several_processes() -> None:

@@ -43,6 +43,7 @@ import torch
 
 from sandgym.train.backends.base import Done, GenRequest, GenResult, Take, Weights, state_of
 from sandgym.train.backends.openai_server import OpenAIServer
+from sandgym.train.compiled import eager_layers
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -185,10 +186,16 @@ class HFEngine:
                 self.model.load_state_dict(staged[0], strict=True)
             self.policy_version = staged[1]
 
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+    @contextlib.contextmanager
+    def _forward(self) -> Iterator[None]:
+        """Around the model's forwards: autocast, if any, and compiled layers run eagerly
+        (sandgym/train/compiled.py: decoding with a KV cache recompiles them at every new
+        state of the cache)."""
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(eager_layers())
+            if self.autocast_dtype is not None:
+                stack.enter_context(torch.autocast(self.device.type, dtype=self.autocast_dtype))
+            yield
 
     @torch.no_grad()
     def _generate(self, reqs: list[GenRequest]) -> list[GenResult]:
@@ -221,7 +228,7 @@ class HFEngine:
                 if st:
                     stop_mat[i, torch.tensor(sorted(st), device=dev)] = True
             cache = DynamicCache(config=model.config)
-            with self._autocast():
+            with self._forward():
                 res = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
             logits = res.logits[:, -1].float()
             toks: list[torch.Tensor] = []
@@ -252,7 +259,7 @@ class HFEngine:
                     break
                 mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=dev)], dim=-1)
                 pos = pos[:, -1:] + 1
-                with self._autocast():
+                with self._forward():
                     res = model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
                 logits = res.logits[:, -1].float()
             tok_mat = torch.stack(toks, 1).cpu()
@@ -342,7 +349,7 @@ class HFEngine:
                 mask[i, n + width - lens[i] :] = 1
             ids, mask = ids.to(dev), mask.to(dev)
             pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, n:]
-            with self._autocast():
+            with self._forward():
                 res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
         except Exception as exc:  # these rows only; the batch goes on
             log.exception("prefill failed")
@@ -392,7 +399,7 @@ class HFEngine:
         rest = torch.tensor([ids[len(base) :]], dtype=torch.long, device=self.device)
         pos = torch.arange(len(base), len(ids), device=self.device).unsqueeze(0)
         mask = torch.ones((1, len(ids)), dtype=torch.long, device=self.device)
-        with self._autocast():
+        with self._forward():
             self.model(input_ids=rest, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return [(layer.keys, layer.values) for layer in _layers(cache)]
 
@@ -437,7 +444,7 @@ class HFEngine:
             tok = tok[torch.tensor(keep, device=dev)]
         batch.mask = torch.cat([batch.mask, torch.ones((len(keep), 1), dtype=batch.mask.dtype, device=dev)], dim=-1)
         batch.pos = batch.pos + 1
-        with self._autocast():
+        with self._forward():
             res = self.model(input_ids=tok.unsqueeze(-1), attention_mask=batch.mask, position_ids=batch.pos,
                              past_key_values=batch.cache, use_cache=True)
         batch.logits = res.logits[:, -1].float()

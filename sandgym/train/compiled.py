@@ -1,0 +1,60 @@
+"""Decoder layers compiled for training, run eagerly where a thread decodes.
+
+`model.compile_layers` compiles each decoder layer for the trainer's packed micro-batches
+(docs/training.md). A transformers backend that shares the model object (the `hf` backend,
+`share_weights`) calls the same layers with a KV cache, and under torch.compile each new
+state of that cache is a recompile: for one greedy generation of a 2-layer model, grad mode,
+each layer's cache being initialised, the cache's strides and the layer index (an integer
+attribute, which dynamo treats as static: one more per layer of a real model, so a 24-layer
+model reaches dynamo's recompile limit and falls back to eager anyway, with warnings). Each
+recompile is a compile (15 CPU-s of the 2-layer model's generation on this CPU with
+inductor's cache warm, more with it cold), paid again by every process. So decoding runs the
+layers eagerly: `eager_layers()`, per thread, while the trainer's step in another thread
+keeps its compiled layers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from sandgym.train.logprobs import decoder
+
+_here = threading.local()  # .eager: this thread runs compiled layers eagerly
+
+
+class CompiledForward:
+    """A layer's `forward`, compiled with dynamic shapes (packed lengths vary per
+    micro-batch), or as it was in a thread inside `eager_layers()`."""
+
+    def __init__(self, forward: Callable[..., Any]) -> None:
+        self.eager = forward
+        self.compiled = torch.compile(forward, dynamic=True)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        run = self.eager if getattr(_here, "eager", False) else self.compiled
+        return run(*args, **kwargs)
+
+
+def compile_layers(model: torch.nn.Module) -> None:
+    """Compile each decoder layer's forward in place. Layers, not the whole model: the
+    attention call and the LM head stay outside the graph, so sandgym's varlen kernels and
+    fused heads run as they are."""
+    for layer in decoder(model).layers:
+        if not isinstance(layer.forward, CompiledForward):
+            layer.forward = CompiledForward(layer.forward)
+
+
+@contextlib.contextmanager
+def eager_layers() -> Iterator[None]:
+    """Layers compiled by `compile_layers` run eagerly in this thread meanwhile."""
+    before = getattr(_here, "eager", False)
+    _here.eager = True
+    try:
+        yield
+    finally:
+        _here.eager = before
