@@ -57,8 +57,9 @@ def test_debug_step_none_and_bad_input(bundled_dir: Path, tmp_path: Path) -> Non
     assert all(not i["resolved"] for i in summ["instances"])
     proc = _swe("debug", str(bundled_dir / "tasks.jsonl"), "--step", "bogus")
     assert proc.returncode == 2 and "unknown step" in proc.stderr
-    proc = _swe("debug", str(tmp_path / "missing.jsonl"))
-    assert proc.returncode == 2 and "cannot load tasks" in proc.stderr
+    proc = _swe("debug", str(tmp_path / "missing.jsonl"))  # a path, not a hub name: said at once
+    assert proc.returncode == 2 and "cannot load tasks" in proc.stderr and "no such file or directory" in proc.stderr, proc.stderr
+    assert "Hugging Face hub" not in proc.stderr
 
 
 def test_validate_flags_the_broken_task(bundled_dir: Path, tmp_path: Path) -> None:

@@ -46,6 +46,9 @@ def test_bad_input_is_named(tmp_path: Path) -> None:
         load_tasks(path)
     with pytest.raises(ValueError, match="duplicate"):
         load_tasks([_row(), _row()])
+    for missing in (str(tmp_path / "none.jsonl"), "rows.json", "./rows"):  # paths, never hub names
+        with pytest.raises(FileNotFoundError, match="no such file or directory"):
+            load_tasks(missing)
     with pytest.raises(ValueError, match="JSON list"):
         SWETask.model_validate(_row(FAIL_TO_PASS="t::a"))
     with pytest.raises(FileNotFoundError, match="SANDGYM_SWE_MIRRORS"):
