@@ -3,14 +3,13 @@
 `model.compile_layers` compiles each decoder layer for the trainer's packed micro-batches
 (docs/training.md). A transformers backend that shares the model object (the `hf` backend,
 `share_weights`) calls the same layers with a KV cache, and under torch.compile each new
-state of that cache is a recompile: for one greedy generation of a 2-layer model, grad mode,
-each layer's cache being initialised, the cache's strides and the layer index (an integer
-attribute, which dynamo treats as static: one more per layer of a real model, so a 24-layer
-model reaches dynamo's recompile limit and falls back to eager anyway, with warnings). Each
-recompile is a compile (15 CPU-s of the 2-layer model's generation on this CPU with
-inductor's cache warm, more with it cold), paid again by every process. So decoding runs the
-layers eagerly: `eager_layers()`, per thread, while the trainer's step in another thread
-keeps its compiled layers.
+state of that cache is a recompile: one greedy generation of a 2-layer model recompiled six
+times (grad mode, each layer's cache being initialised, the cache's strides, the layer
+index). The layer index is an integer attribute, static to dynamo, so a real model's every
+layer would add one (not run here: a 24-layer model would pass dynamo's recompile limit of 8
+and fall back to eager anyway). That generation cost 15 CPU-s on this CPU with inductor's
+cache warm. So decoding runs the layers eagerly: `eager_layers()`, per thread, while the
+trainer's step in another thread keeps its compiled layers.
 """
 
 from __future__ import annotations
