@@ -223,7 +223,9 @@ class Sandbox(ABC):
 
     async def egress_log(self) -> list[EgressLogEntry]:
         """The connections this sandbox made (or tried) through its egress proxy, oldest
-        first. Empty for a sandbox without egress; SandboxError where a provider keeps none."""
+        first. Empty for a sandbox without egress; SandboxError where a provider keeps none.
+        A request's line is written when the proxy has finished with it, which can be a
+        moment after the program that made it has its answer."""
         if self.spec.egress is None:
             return []
         raise SandboxError(f"the {self.provider} provider keeps no egress log")

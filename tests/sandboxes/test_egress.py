@@ -9,11 +9,14 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
+import anyio
 import pytest
 
+from sandgym.sandboxes.base import Sandbox
 from sandgym.sandboxes.errors import SandboxCreateError, SandboxError
 from sandgym.sandboxes.ownership import owner_labels
 from sandgym.sandboxes.providers.docker import DockerProvider, DockerSandbox
+from sandgym.sandboxes.result import EgressLogEntry
 from sandgym.sandboxes.spec import EgressPolicy, SandboxSpec
 from tests.conftest import require
 
@@ -98,6 +101,18 @@ def _spec(provider: DockerProvider, profile: str, policy: EgressPolicy | None) -
     return spec
 
 
+async def egress_log_of(sb: Sandbox, lines: int, host: str | None = None) -> list[EgressLogEntry]:
+    """The egress log once it has `lines` lines (of `host`), or as it is after 10 s: the
+    proxy writes a request's line when it has finished with it, which can be a moment after
+    the client has its answer (seen under a loaded CI run)."""
+    for _ in range(100):
+        log = await sb.egress_log()
+        if sum(host is None or e.host == host for e in log) >= lines:
+            break
+        await anyio.sleep(0.1)
+    return log
+
+
 async def _new(provider: DockerProvider, made: list[DockerSandbox], spec: SandboxSpec) -> DockerSandbox:
     sb = await provider.create(spec, LABELS)
     made.append(sb)
@@ -126,7 +141,7 @@ async def test_allowed_denied_and_logged(
         "except urllib.error.HTTPError as e: print(e.code, e.read().decode().strip())")],
         env={"NO_PROXY": "", "no_proxy": ""})
     assert r.stdout.startswith("403 sandgym egress: 127.0.0.1 is a host-internal address"), r.stdout
-    log = await sb.egress_log()
+    log = await egress_log_of(sb, 3)
     assert all(e.sandbox == sb.id for e in log)
     seen = {(e.host, e.port, e.allowed) for e in log}
     assert (ALIAS, host_service, True) in seen
@@ -144,7 +159,7 @@ async def test_https_tunnels_use_connect_and_the_host_ca(provider: DockerProvide
         assert "SSL_CERT_FILE=/run/sandgym-ca.crt" in r.stdout
         assert (await sb.exec("test -r /run/sandgym-ca.crt && ! test -w /run/sandgym-ca.crt && echo ro")).stdout == "ro\n"
     assert "Tunnel connection failed: 403" in r.stdout, r.stdout
-    (e,) = [e for e in await sb.egress_log() if e.host == "deb.debian.org"]
+    (e,) = [e for e in await egress_log_of(sb, 1, "deb.debian.org") if e.host == "deb.debian.org"]
     assert e.method == "CONNECT" and e.port == 443 and not e.allowed
 
 
@@ -161,7 +176,7 @@ async def test_set_egress_at_runtime(
     assert " HTTP 403 " in (await sb.exec(["python3", "/tmp/fetch.py", url])).stdout
     await sb.set_egress(None)
     assert " HTTP 403 " in (await sb.exec(["python3", "/tmp/fetch.py", url])).stdout
-    assert [e.allowed for e in await sb.egress_log() if e.host == ALIAS] == [False, True, False, False]
+    assert [e.allowed for e in await egress_log_of(sb, 4, ALIAS) if e.host == ALIAS] == [False, True, False, False]
 
 
 async def test_no_egress_means_no_way_out(provider: DockerProvider, made: list[DockerSandbox]) -> None:
@@ -204,7 +219,7 @@ async def test_pip_install_through_the_allow_list(
     # A host not on the list fails at once, saying so.
     r = await sb.exec(["python3", "/tmp/fetch.py", "https://deb.debian.org/debian/"])
     assert "Tunnel connection failed: 403 Forbidden" in r.stdout, r.stdout
-    log = await sb.egress_log()
+    log = await egress_log_of(sb, 1, "deb.debian.org")
     allowed = {e.host for e in log if e.allowed}
     assert {"pypi.org", "files.pythonhosted.org"} <= allowed, log
     assert any(e.host == "deb.debian.org" and not e.allowed and "allow-list" in e.reason for e in log)
