@@ -108,9 +108,7 @@ def varlen_causal_attention(
     if prefix_len:
         if not takes_shared_prefix(kernel):
             raise ValueError(f"a shared prefix needs the sdpa attention kernel, not {kernel!r}")
-        if int(cu_seqlens[1]) != prefix_len:
-            raise ValueError("the shared prefix must be the first segment of cu_seqlens")
-        return _sdpa_shared_prefix(q, k, v, prefix_len, cu_seqlens[1:].tolist(), scale)
+        return _sdpa(q, k, v, cu_seqlens, scale, prefix_len)
     if kernel == "flash_attn":
         fn = _flash_attn_func()
         return fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, softmax_scale=scale, causal=True)
@@ -136,7 +134,24 @@ def varlen_causal_attention(
         return fn(q, k, v, cu, cu, max_seqlen, max_seqlen, **kw)
     if kernel != "sdpa":
         raise ValueError(f"unknown attention kernel {kernel!r}")
+    return _sdpa(q, k, v, cu_seqlens, scale, 0)
+
+
+# Eager under compiled layers (sandgym/train/compiled.py): the sequences' bounds become Python
+# ints here, which breaks the graph anyway, and dynamo compiled the fragments between that
+# break and two more (a 2-layer model's compiled step: 11 graphs, 9 with this; the
+# compiled-layers test 73 -> 56-61 CPU-s with inductor's cache cold). The flash kernels keep
+# being traced.
+@torch.compiler.disable
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float | None, prefix_len: int
+) -> torch.Tensor:
+    """The sdpa kernel's packed attention; with `prefix_len`, over a shared prefix first."""
     bounds = cu_seqlens.tolist()
+    if prefix_len:
+        if bounds[1] != prefix_len:
+            raise ValueError("the shared prefix must be the first segment of cu_seqlens")
+        return _sdpa_shared_prefix(q, k, v, prefix_len, bounds[1:], scale)
     lens = [e - s for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
     if len(lens) > 1 and len(lens) * max(lens) <= 2 * q.shape[0]:
         return _sdpa_padded(q, k, v, lens, scale)
@@ -148,7 +163,7 @@ def varlen_causal_attention(
         qs = q[s:e].transpose(0, 1).unsqueeze(0)
         ks = k[s:e].transpose(0, 1).unsqueeze(0)
         vs = v[s:e].transpose(0, 1).unsqueeze(0)
-        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=hq != hkv)
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
         out[s:e] = o.squeeze(0).transpose(0, 1)
     return out
 
