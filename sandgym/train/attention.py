@@ -140,8 +140,8 @@ def varlen_causal_attention(
 # Eager under compiled layers (sandgym/train/compiled.py): the sequences' bounds become Python
 # ints here, which breaks the graph anyway, and dynamo compiled the fragments between that
 # break and two more (a 2-layer model's compiled step: 11 graphs, 9 with this; the
-# compiled-layers test 73 -> 56-61 CPU-s with inductor's cache cold). The flash kernels keep
-# being traced.
+# compiled-layers test 73 -> 56-61 CPU-s with inductor's cache cold). The flash kernels are
+# left to dynamo as before.
 @torch.compiler.disable
 def _sdpa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float | None, prefix_len: int

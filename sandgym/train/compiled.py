@@ -40,9 +40,10 @@ class CompiledForward:
 
 
 def compile_layers(model: torch.nn.Module) -> None:
-    """Compile each decoder layer's forward in place. Layers, not the whole model: the
-    attention call and the LM head stay outside the graph, so sandgym's varlen kernels and
-    fused heads run as they are."""
+    """Compile each decoder layer's forward in place. Layers, not the whole model: the LM
+    head stays outside the graph, so the fused heads run as they are; inside, the sdpa
+    kernel's packed attention runs eagerly (attention.py), the flash kernels are left to
+    dynamo."""
     for layer in decoder(model).layers:
         if not isinstance(layer.forward, CompiledForward):
             layer.forward = CompiledForward(layer.forward)
