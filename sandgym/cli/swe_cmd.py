@@ -41,7 +41,7 @@ INSTANCES_HELP = "Only these instance ids, comma-separated (or repeat -i)."
 def _load(tasks: str, instance: list[str] | None, split: str, instances: str | None = None) -> list[Any]:
     from sandgym.errors import UserError
     from sandgym.swe.bundled import resolve_tasks
-    from sandgym.swe.tasks import load_tasks
+    from sandgym.swe.tasks import TaskFileNotFound, load_tasks
 
     wanted = list(instance or []) + [i.strip() for i in (instances or "").split(",") if i.strip()]
     try:
@@ -50,7 +50,7 @@ def _load(tasks: str, instance: list[str] | None, split: str, instances: str | N
         raise UserError(f"cannot load tasks from {tasks}: {exc.args[0] if exc.args else exc}") from exc
     except (OSError, ValueError) as exc:
         hint = ""
-        if tasks not in ("bundled", "bundled-good") and not isinstance(exc, FileNotFoundError) and not Path(tasks).exists():
+        if tasks not in ("bundled", "bundled-good") and not isinstance(exc, TaskFileNotFound) and not Path(tasks).exists():
             hint = ("; a name that is not a local file or directory is loaded through `datasets` from the Hugging Face hub "
                     "(or its cache, with HF_HUB_OFFLINE=1); offline, give a JSONL file or a dataset directory")
         raise UserError(f"cannot load tasks from {tasks}: {exc}{hint}") from exc

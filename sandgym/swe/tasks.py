@@ -348,10 +348,14 @@ def validate_row(where: str, row: Any) -> SWETask:
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow")
 
 
+class TaskFileNotFound(FileNotFoundError):
+    """A task source that can only be a local path, and is not there."""
+
+
 def _names_a_path(name: str) -> bool:
-    """Whether `name` can only be a local path: absolute, relative to . or ~, or a data
-    file's name (a hub name is `owner/name` or `name`)."""
-    return name.startswith(("/", "./", "../", "~")) or name.lower().endswith(DATA_SUFFIXES)
+    """Whether `name` can only be a local path: absolute, relative to ., or a data file's
+    name (a hub name is `owner/name` or `name`)."""
+    return name.startswith(("/", "./", "../")) or name.lower().endswith(DATA_SUFFIXES)
 
 
 def load_tasks(source: Any, *, split: str = "test", instance_ids: Iterable[str] | None = None) -> list[SWETask]:
@@ -377,7 +381,7 @@ def load_tasks(source: Any, *, split: str = "test", instance_ids: Iterable[str] 
     elif isinstance(source, (str, os.PathLike)) and _names_a_path(str(source)) and not Path(source).exists():
         # Not a hub name either: say so now rather than after `datasets` (1.3 s to import)
         # has tried the hub.
-        raise FileNotFoundError(f"no such file or directory: {source}")
+        raise TaskFileNotFound(f"no such file or directory: {source}")
     elif isinstance(source, (str, os.PathLike)):
         from datasets import load_dataset  # a data directory, or a hub name (cache or network)
 

@@ -71,12 +71,18 @@ def test_eager_layers_is_per_thread() -> None:
     t.start()
     try:
         assert inside.wait(60)
-        f, graphs = CompiledForward(lambda x: x * 2 + 1), _graphs()
+        ran_eagerly: list[bool] = []  # the body's own Python runs only when not compiled
+
+        def body(x: torch.Tensor) -> torch.Tensor:
+            ran_eagerly.append(not torch.compiler.is_compiling())
+            return x * 2 + 1
+
+        f, graphs = CompiledForward(body), _graphs()
         assert torch.equal(f(torch.ones(3)), torch.full((3,), 3.0))
-        assert _graphs() == graphs + 1  # compiled here while the other thread is eager
+        assert _graphs() == graphs + 1 and ran_eagerly == [False]  # compiled here, the other thread eager
         with eager_layers():
             assert torch.equal(f(torch.ones(5)), torch.full((5,), 3.0))
-        assert _graphs() == graphs + 1  # and run as it is inside
+        assert ran_eagerly == [False, True] and _graphs() == graphs + 1  # inside: the body, as it is
     finally:
         release.set()
         t.join()

@@ -248,8 +248,14 @@ class DockerExecdTransport(ExecdTransport):
                     raise
             except (ExecdUnresponsiveError, ExecdConnectionLost):
                 raise
-            except SandboxGoneError:  # no connection to be had
-                if not await self._may_run():
+            except SandboxGoneError as exc:  # no connection to be had
+                # Retried only while the engine says the container runs; an engine that cannot
+                # say leaves the refusal as it is rather than a "busy" after every retry.
+                try:
+                    running = await self._container_running()
+                except Exception:
+                    raise exc from None
+                if not running:
                     raise
             log.debug("execd refused a request (attempt %d); container still runs", attempt)
             await anyio.sleep(0.05 * 2**attempt)
