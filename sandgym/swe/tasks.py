@@ -345,7 +345,7 @@ def validate_row(where: str, row: Any) -> SWETask:
         raise RowError(f"{where}: {iid or '(no instance_id)'}: not a valid task: {exc}") from None
 
 
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow")
+_DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow")
 
 
 class TaskFileNotFound(FileNotFoundError):
@@ -355,7 +355,7 @@ class TaskFileNotFound(FileNotFoundError):
 def _names_a_path(name: str) -> bool:
     """Whether `name` can only be a local path: absolute, relative to ., or a data file's
     name (a hub name is `owner/name` or `name`)."""
-    return name.startswith(("/", "./", "../")) or name.lower().endswith(DATA_SUFFIXES)
+    return name.startswith(("/", "./", "../")) or name.lower().endswith(_DATA_SUFFIXES)
 
 
 def load_tasks(source: Any, *, split: str = "test", instance_ids: Iterable[str] | None = None) -> list[SWETask]:

@@ -15,8 +15,8 @@ they survive the restart. Asserted: every held sandbox answers *during* and *aft
 restart with its writes (none lost); an execd killed while the engine is down is started
 again by init, the exec that killed it reported interrupted; a create while the engine is
 down fails with a typed error; after the restart new sandboxes come, with execd, and the
-engine's events are followed again (a kill of a sandbox's init is REMOVED, not LOST, and its container is
-removed); the eval exits 0 with one record per rollout, the rollouts the restart hit marked
+engine's events are followed again (a kill of a sandbox's init is REMOVED, not LOST, and its
+container is removed); the eval exits 0 with one record per rollout, the rollouts the restart hit marked
 as errors and counted, the others passed; nothing of either process is left once it has
 finished.
 """

@@ -211,7 +211,9 @@ class DockerExecdTransport(ExecdTransport):
         async with anyio.create_task_group() as tg:
 
             async def watch() -> None:
-                while await self._may_run():
+                # An engine that cannot say (dockerd restarting, live-restore keeping
+                # containers up) is not a stop: watch on.
+                while await self._running() is not False:
                     await anyio.sleep(_RESTART_POLL_S)
                 tg.cancel_scope.cancel()
 
@@ -227,15 +229,14 @@ class DockerExecdTransport(ExecdTransport):
             tg.start_soon(wait)
         return ready
 
-    async def _may_run(self) -> bool:
-        """False only when the engine says the container has stopped or is gone: an engine
-        that does not answer (dockerd restarting, live-restore keeping containers up) is
-        not a stop, and its own error is no answer to give the caller."""
+    async def _running(self) -> bool | None:
+        """Whether the engine says the container runs; None when the engine does not answer
+        (its own error is no answer to give the caller)."""
         try:
             return await self._container_running()
         except Exception as exc:
             log.debug("cannot tell whether the container runs: %r", exc)
-            return True
+            return None
 
     async def _call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T | None:
         """Run `fn`, again while execd refuses it for want of a thread (`busy`) or a
@@ -248,14 +249,10 @@ class DockerExecdTransport(ExecdTransport):
                     raise
             except (ExecdUnresponsiveError, ExecdConnectionLost):
                 raise
-            except SandboxGoneError as exc:  # no connection to be had
+            except SandboxGoneError:  # no connection to be had
                 # Retried only while the engine says the container runs; an engine that cannot
                 # say leaves the refusal as it is rather than a "busy" after every retry.
-                try:
-                    running = await self._container_running()
-                except Exception:
-                    raise exc from None
-                if not running:
+                if not await self._running():
                     raise
             log.debug("execd refused a request (attempt %d); container still runs", attempt)
             await anyio.sleep(0.05 * 2**attempt)
