@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import resource
 import signal
@@ -70,6 +71,22 @@ async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
         await stdin.wait_closed()
 
 
+async def _pidfd_exited(fd: int) -> None:
+    """Until the process of pidfd `fd` has exited (readable from then on, reaped or not)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def exited() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_reader(fd, exited)
+    try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+
+
 async def _exited(proc: asyncio.subprocess.Process) -> None:
     """Until the process itself has exited. `proc.wait()` on Python < 3.12 also waits for
     its pipes to close, so a background child still holding stdout would stall it until
@@ -79,24 +96,35 @@ async def _exited(proc: asyncio.subprocess.Process) -> None:
     except (AttributeError, OSError):  # no pidfd (old kernel), or already exited and reaped
         fd = -1
     if fd >= 0:
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-
-        def exited() -> None:
-            if not done.done():
-                done.set_result(None)
-
-        loop.add_reader(fd, exited)
         try:
-            await done
+            await _pidfd_exited(fd)
         finally:
-            loop.remove_reader(fd)
             os.close(fd)
     elif not hasattr(os, "pidfd_open"):
         await proc.wait()
         return
     while proc.returncode is None:  # the child watcher reaps it a moment later
         await asyncio.sleep(0.001)
+
+
+async def namespace_ended(info_fd: int, bound_s: float) -> None:
+    """Until the pid namespace that bwrap reported on `info_fd` (its --info-fd, read once
+    bwrap has exited) has ended. bwrap exits with the command's status as soon as its pid 1
+    passes it on, while that pid 1 is still killing the namespace's other processes (a
+    command's background jobs) and waiting for them; it exits only once they are gone.
+    Bounded by `bound_s`: nothing we can do hangs on it."""
+    try:
+        os.set_blocking(info_fd, False)
+        info = os.read(info_fd, 1 << 16)
+        pid = int(json.loads(info)["child-pid"])
+        fd = os.pidfd_open(pid)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return  # never started, already gone and reaped, or no pidfd on this kernel
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_pidfd_exited(fd), bound_s)
+    finally:
+        os.close(fd)
 
 
 def _killpg(pgid: int) -> None:
@@ -116,6 +144,7 @@ async def run_process(
     cpu_limit_s: int,
     oom_counter: Callable[[], int | None] | None = None,
     running: set[int] | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> ExecResult:
     """Run `argv` to completion or `timeout`; never raises for a failing command."""
     out, err = CappedBuffer(limit), CappedBuffer(limit)
@@ -132,6 +161,7 @@ async def run_process(
             start_new_session=True,  # its own process group, killed as one on timeout
             preexec_fn=launch.preexec(cpu_limit_s),
             close_fds=True,
+            pass_fds=pass_fds,
         )
     except (OSError, subprocess.SubprocessError) as e:
         raise SandboxError(f"could not start {argv[0]!r} in the sandbox: {e}") from e

@@ -52,7 +52,7 @@ from ...ownership import Lifeline, lifeline_grace_s, process_start_time, stamp_o
 from ...result import ExecResult, SandboxInfo
 from ...spec import EgressPolicy, SandboxSpec, host_cpus
 from .cgroup import CgroupSet, kill_until_gone, pids_of_uid, pids_with_env
-from .exec import Launch, run_process
+from .exec import Launch, namespace_ended, run_process
 from .fs import SandboxFS
 from .probe import (
     LocalCapabilities,
@@ -79,6 +79,9 @@ DEFAULT_UID_BASE = 1_610_000_000  # far above any real or subuid range
 DEFAULT_UID_COUNT = 1_000_000
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # Sandbox working dirs must be creatable mount points, not inside a read-only host dir.
+# How long a per-exec command's result waits for its pid namespace to finish ending (bwrap's
+# pid 1 killing and reaping the command's background jobs): milliseconds, bounded anyway.
+_NAMESPACE_END_S = 5.0
 _SYSTEM_PREFIXES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc", "/dev")
 # The namespace holder: says ready, then lives until the TTL ($3) or, when $1 is set, $2
 # seconds after the owner's lifeline (the pipe on its stdin; fd 3 from then on, as dash
@@ -563,6 +566,7 @@ class LocalSandbox(Sandbox):
         timeout = float(timeout if timeout is not None else self.spec.exec_timeout_s)
         where = posixpath.normpath(self.resolve(cwd)) if cwd else self.spec.workdir
         full_env = self._env(env)
+        info_r = info_w = -1
         if self.persistent:
             if not self._init_alive():
                 raise SandboxGoneError(f"sandbox {self.id}: its namespace holder has died")
@@ -573,7 +577,11 @@ class LocalSandbox(Sandbox):
             ]  # fmt: skip
             host_cwd = "/"
         elif self.mode == "bwrap":
-            full_argv = [*self._prefix, "--die-with-parent", "--chdir", where, "--", *self._nproc_wrap, *argv]
+            info_r, info_w = os.pipe()  # bwrap's pid 1, to wait for the namespace's end
+            full_argv = [
+                *self._prefix, "--die-with-parent", "--info-fd", str(info_w), "--chdir", where, "--",
+                *self._nproc_wrap, *argv,
+            ]  # fmt: skip
             host_cwd = "/"
         else:
             full_argv = argv
@@ -582,18 +590,28 @@ class LocalSandbox(Sandbox):
             if not os.path.isdir(host_cwd):
                 msg = f"cannot change directory to {where}: no such directory\n".encode()
                 return ExecResult(exit_code=1, stderr_bytes=msg, output_limit=self.spec.output_limit_bytes)
-        result = await run_process(
-            full_argv,
-            env=full_env,
-            cwd=host_cwd,
-            stdin=as_bytes(stdin) if stdin is not None else None,
-            timeout=timeout,
-            limit=self.spec.output_limit_bytes,
-            launch=self._launch,
-            cpu_limit_s=int(math.ceil(timeout * host_cpus())) + 5,
-            oom_counter=self._cg.oom_kills if self._cg.has_memory else None,
-            running=self._running,
-        )
+        try:
+            result = await run_process(
+                full_argv,
+                env=full_env,
+                cwd=host_cwd,
+                stdin=as_bytes(stdin) if stdin is not None else None,
+                timeout=timeout,
+                limit=self.spec.output_limit_bytes,
+                launch=self._launch,
+                cpu_limit_s=int(math.ceil(timeout * host_cpus())) + 5,
+                oom_counter=self._cg.oom_kills if self._cg.has_memory else None,
+                running=self._running,
+                pass_fds=() if info_w < 0 else (info_w,),
+            )
+            if info_r >= 0:
+                # Per-exec: the namespace ends with the command, its background jobs too,
+                # before the result is returned.
+                await namespace_ended(info_r, _NAMESPACE_END_S)
+        finally:
+            for fd in (info_r, info_w):
+                if fd >= 0:
+                    os.close(fd)
         if self._closed and not result.timed_out:
             raise SandboxGoneError(f"sandbox {self.id} was closed while the command ran")
         if self.persistent and result.exit_code != 0 and not self._init_alive():
