@@ -317,7 +317,9 @@ class SandboxManager:
             # else a sandbox of this spec came back to the pool (reuse) or got warm: take it
         try:
             sb = await self._create(spec)
-        except BaseException:
+        except BaseException as exc:
+            if not isinstance(exc, SpecError):
+                self._checked.discard(key)  # the engine may be gone: the next lease asks at once
             self._slots.release()
             self._notify()
             raise

@@ -239,7 +239,7 @@ async def test_background_processes_persist_between_execs(provider):
         if not sb.persistent:
             # Per-exec: the namespace has ended, its background jobs too, when the result
             # comes. bwrap reports the status while its pid 1 is still killing them: with
-            # 200, before the provider waited for that pid 1, 4 execs in 10 left some.
+            # 200 jobs, before the provider waited for that pid 1, this test failed 3 runs of 3.
             for _ in range(5):
                 r = await sb.exec(f"for i in $(seq 200); do sleep {marker} > /dev/null 2>&1 & done")
                 assert r.ok, r

@@ -148,8 +148,10 @@ class _FlakyProvider:
         self.name = "local"
         self.fail = fail
         self.attempts = 0
+        self.checks = 0
 
     def check(self, spec: SandboxSpec) -> None:
+        self.checks += 1
         self.inner.check(spec)
 
     async def create(self, spec, labels):  # type: ignore[no-untyped-def]
@@ -182,6 +184,19 @@ async def test_create_retries_with_backoff_then_gives_up() -> None:
         async with anyio.create_task_group():  # the slot was given back
             pass
     assert hopeless.attempts == 2
+
+
+async def test_a_spec_is_checked_once_and_again_after_a_failed_create() -> None:
+    """provider.check blocks the event loop (the Docker engine's answers): once per spec, not
+    per lease; after a create that failed for the provider's sake, asked again."""
+    flaky = _FlakyProvider(fail=1)
+    async with SandboxManager(flaky, create_retries=0, max_sandboxes=1) as mgr:
+        with pytest.raises(SandboxCreateError, match="engine hiccup"):
+            await mgr.acquire(SPEC)
+        for _ in range(3):  # no reuse: each lease makes a sandbox
+            async with mgr.sandbox(SPEC) as sb:
+                assert (await sb.exec("true")).ok
+    assert (flaky.checks, flaky.attempts) == (2, 4)
 
 
 async def test_ttl_reaper_destroys_expired() -> None:

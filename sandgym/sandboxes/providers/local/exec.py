@@ -107,6 +107,18 @@ async def _exited(proc: asyncio.subprocess.Process) -> None:
         await asyncio.sleep(0.001)
 
 
+def _is_namespace_init(pid: int) -> bool:
+    """Whether `pid` is pid 1 of its own pid namespace (its innermost NSpid), as bwrap's is."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return line.split()[-1] == "1"
+    except OSError:
+        return False
+    return False
+
+
 async def namespace_ended(info_fd: int, bound_s: float) -> None:
     """Until the pid namespace that bwrap reported on `info_fd` (its --info-fd, read once
     bwrap has exited) has ended. bwrap exits with the command's status as soon as its pid 1
@@ -120,6 +132,9 @@ async def namespace_ended(info_fd: int, bound_s: float) -> None:
         fd = os.pidfd_open(pid)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return  # never started, already gone and reaped, or no pidfd on this kernel
+    if not _is_namespace_init(pid):  # reaped, and its number taken by another process
+        os.close(fd)
+        return
     try:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(_pidfd_exited(fd), bound_s)

@@ -78,10 +78,10 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_UID_BASE = 1_610_000_000  # far above any real or subuid range
 DEFAULT_UID_COUNT = 1_000_000
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-# Sandbox working dirs must be creatable mount points, not inside a read-only host dir.
 # How long a per-exec command's result waits for its pid namespace to finish ending (bwrap's
 # pid 1 killing and reaping the command's background jobs): milliseconds, bounded anyway.
 _NAMESPACE_END_S = 5.0
+# Sandbox working dirs must be creatable mount points, not inside a read-only host dir.
 _SYSTEM_PREFIXES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc", "/dev")
 # The namespace holder: says ready, then lives until the TTL ($3) or, when $1 is set, $2
 # seconds after the owner's lifeline (the pipe on its stdin; fd 3 from then on, as dash
