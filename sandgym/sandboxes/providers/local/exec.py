@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import resource
 import signal
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from ...errors import SandboxError
 from ...execd.capped import CappedBuffer
 from ...result import TIMEOUT_EXIT, ExecResult
+from .probe import bwrap_child_pid
 
 _CHUNK = 1 << 16
 # After the command exits, how long we keep reading output that background processes
@@ -127,11 +127,12 @@ async def namespace_ended(info_fd: int, bound_s: float) -> None:
     Bounded by `bound_s`: nothing we can do hangs on it."""
     try:
         os.set_blocking(info_fd, False)
-        info = os.read(info_fd, 1 << 16)
-        pid = int(json.loads(info)["child-pid"])
+        pid = bwrap_child_pid(os.read(info_fd, 1 << 16))
+        if pid is None:
+            return  # bwrap failed before it started its pid 1
         fd = os.pidfd_open(pid)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return  # never started, already gone and reaped, or no pidfd on this kernel
+    except (OSError, AttributeError):
+        return  # nothing written, already gone and reaped, or no pidfd on this kernel
     if not _is_namespace_init(pid):  # reaped, and its number taken by another process
         os.close(fd)
         return

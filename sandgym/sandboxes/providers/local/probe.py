@@ -87,6 +87,15 @@ def _drop_to(uid: int | None) -> Callable[[], None] | None:
     return pre
 
 
+def bwrap_child_pid(info: bytes) -> int | None:
+    """bwrap's pid 1, as a host pid, from what it wrote to its --info-fd; None when it wrote
+    nothing usable (it failed before, or not bwrap's JSON)."""
+    try:
+        return int(json.loads(info)["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def read_until(fd: int, end: bytes | None, timeout: float) -> bytes:
     """Read `fd` until EOF (or until `end` arrives), at most `timeout` seconds."""
     data = b""
@@ -154,10 +163,7 @@ def probe_bwrap(run_as: int | None) -> tuple[str | None, str | None, str | None]
     try:
         info = read_until(info_r, None, 30.0)
         ready = read_until(ready_r, b"\n", 30.0)
-        try:
-            init_pid = int(json.loads(info)["child-pid"])
-        except (ValueError, KeyError, TypeError):
-            init_pid = None
+        init_pid = bwrap_child_pid(info)
         if ready != b"ready\n" or init_pid is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)

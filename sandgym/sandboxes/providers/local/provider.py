@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import json
 import logging
 import math
 import os
@@ -56,6 +55,7 @@ from .exec import Launch, namespace_ended, run_process
 from .fs import SandboxFS
 from .probe import (
     LocalCapabilities,
+    bwrap_child_pid,
     capabilities,
     dev_args,
     is_mountpoint,
@@ -512,17 +512,14 @@ class LocalSandbox(Sandbox):
             for fd in (info_r, ready_r, info_w, ready_w, life_r):
                 if fd >= 0:
                     os.close(fd)
-        try:
-            init_pid = int(json.loads(info)["child-pid"])
-            if ready != b"ready\n":
-                raise ValueError("not ready")
-        except (ValueError, KeyError, TypeError):
+        init_pid = bwrap_child_pid(info)
+        if init_pid is None or ready != b"ready\n":
             err = ""
             with contextlib.suppress(OSError):
                 err = log_path.read_text(errors="replace").strip()
             if lifeline is not None:
                 lifeline.close()
-            raise SandboxCreateError(f"bwrap did not start the sandbox: {err or 'no answer from bwrap'}") from None
+            raise SandboxCreateError(f"bwrap did not start the sandbox: {err or 'no answer from bwrap'}")
         self.meta.init_pid = init_pid
         self.meta.init_start = process_start_time(init_pid)
         return lifeline
