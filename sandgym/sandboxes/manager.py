@@ -517,14 +517,20 @@ class SandboxManager:
         start with the first). Handed-out warm sandboxes are replaced in the background while
         inside `async with`."""
         spec = spec or SandboxSpec()
-        self.provider.check(spec)
-        self._checked.add(spec.key())
+        key = spec.key()
         n = max(0, min(n, self.max_sandboxes))
-        self._pool_target[spec.key()] = (spec, n)
+        current = self._pool_target.get(key)
+        if current is None or n > current[1]:
+            # Checked before sandboxes of it are made. Lowering a pool makes none, and must
+            # not fail for an engine that is away: an eval lowers its pool near the end, and a
+            # Docker restart then ended the whole eval with the check's error.
+            self.provider.check(spec)
+            self._checked.add(key)
+        self._pool_target[key] = (spec, n)
         if not wait and self._tg is not None:
-            self._tg.start_soon(self._fill, spec.key())
+            self._tg.start_soon(self._fill, key)
             return
-        await self._fill(spec.key())
+        await self._fill(key)
 
     async def _fill(self, key: str) -> None:
         target = self._pool_target.get(key)

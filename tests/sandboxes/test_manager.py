@@ -199,6 +199,24 @@ async def test_a_spec_is_checked_once_and_again_after_a_failed_create() -> None:
     assert (flaky.checks, flaky.attempts) == (2, 4)
 
 
+async def test_lowering_a_warm_pool_asks_nothing_of_the_provider() -> None:
+    """An eval lowers its pool near its end; with the engine away (a Docker restart) that
+    must not fail: nothing is made, so nothing is checked. Raising it checks again."""
+    flaky = _FlakyProvider(fail=0)
+    async with SandboxManager(flaky, max_sandboxes=2) as mgr:
+        await mgr.warm(SPEC, 2)
+        assert flaky.checks == 1
+        flaky.check = _engine_away  # type: ignore[method-assign]
+        await mgr.warm(SPEC, 1, wait=False)
+        await mgr.warm(SPEC, 0, wait=False)
+        with pytest.raises(SandboxCreateError, match="does not answer"):
+            await mgr.warm(SPEC, 2, wait=False)
+
+
+def _engine_away(spec: SandboxSpec) -> None:
+    raise SandboxCreateError("the engine does not answer")
+
+
 async def test_ttl_reaper_destroys_expired() -> None:
     async with SandboxManager("local", reap_interval_s=0.1) as mgr:
         sb = await mgr.acquire(SPEC.model_copy(update={"ttl_s": 0.3}))
