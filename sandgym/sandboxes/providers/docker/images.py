@@ -4,9 +4,10 @@
 then `docker import`); `sandgym/python` is an ordinary Dockerfile FROM it, built with host
 networking so apt can reach the package mirror. `--base IMAGE` replaces the debootstrap
 step with a public image where a registry is reachable. Images FROM sandgym/python (e.g.
-`sandgym/bfcl`) get it as the PYTHON_IMAGE build argument; those that pip-install in a build
-stage get the host's CA bundle in their build context (`ca.pem`), so pip trusts what the
-host's pip trusts (an egress proxy's CA included).
+`sandgym/bfcl`) get it as the PYTHON_IMAGE build argument; those that install packages in a
+build stage (with uv, installed there by pip: faster than pip) get the host's CA bundle in
+their build context (`ca.pem`), so they trust what the host's pip trusts (an egress proxy's
+CA included).
 
 Other Python versions come from other Debian releases (`python_recipes`): the same two
 steps from that release give `sandgym/python:<X.Y>` (SWE task images pick it by version).
