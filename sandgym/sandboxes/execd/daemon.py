@@ -161,7 +161,10 @@ def _killpg(pgid: int) -> None:
         pass
 
 
-def _prefer_for_oom(pid: int, score: int = 500) -> None:
+_COMMAND_OOM_SCORE = 500
+
+
+def _prefer_for_oom(pid: int, score: int = _COMMAND_OOM_SCORE) -> None:
     """Make the OOM killer pick a command before execd (which holds buffered output), and
     execd before init (which takes the container with it). Raising a score needs no
     privilege."""
@@ -170,6 +173,53 @@ def _prefer_for_oom(pid: int, score: int = 500) -> None:
             f.write(str(score))
     except OSError:
         pass
+
+
+class _ForkScore:
+    """Commands are forked at _COMMAND_OOM_SCORE: execd raises its own score for the moment
+    of the fork (under REGISTRY.lock, which every command's fork holds) and lowers it back.
+    Writing the command's score once Popen has returned raced with the command's first
+    children, which inherited execd's (a loaded machine saw `sh -c 'sleep 0.2; cat ...'`
+    print 100); setting it in a preexec_fn would cost ~4 ms a command (no vfork). The file
+    is opened before execd makes itself non-dumpable, after which /proc/<pid> is root's.
+    Lowering needs no privilege down to the floor the container's runtime set; where it is
+    refused (probed once), the command's score is written after the fork instead."""
+
+    def __init__(self) -> None:
+        self.fd = -1  # execd's own oom_score_adj, while the raise-and-lower works
+        self.own = b""
+
+    def probe(self) -> None:
+        try:
+            fd = os.open("/proc/self/oom_score_adj", os.O_RDWR)
+        except OSError:
+            return
+        try:
+            own = int(os.pread(fd, 16, 0))
+            if own < _COMMAND_OOM_SCORE:
+                os.pwrite(fd, b"%d" % (own + 1), 0)
+                os.pwrite(fd, b"%d" % own, 0)
+                self.fd, self.own = fd, b"%d" % own
+                return
+        except (OSError, ValueError):
+            pass
+        os.close(fd)
+
+    def raised(self) -> bool:
+        try:
+            return self.fd >= 0 and os.pwrite(self.fd, b"%d" % _COMMAND_OOM_SCORE, 0) > 0
+        except OSError:
+            return False
+
+    def lower(self) -> None:
+        try:
+            os.pwrite(self.fd, self.own, 0)
+        except OSError:  # refused after all: later commands get their score written
+            os.close(self.fd)
+            self.fd = -1
+
+
+FORK_SCORE = _ForkScore()
 
 
 _OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
@@ -214,11 +264,18 @@ def _spawn(argv: List[str], deadline: float, *, stdin: Any, cwd: Optional[str],
             with REGISTRY.lock:
                 if REGISTRY.stopping:
                     raise RequestError("stopping", "execd is shutting down")
-                proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, cwd=cwd, env=env,
-                                        start_new_session=True, bufsize=0)
+                inherited = FORK_SCORE.raised()
+                try:
+                    proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, cwd=cwd, env=env,
+                                            start_new_session=True, bufsize=0)
+                finally:
+                    if inherited:
+                        FORK_SCORE.lower()
                 REGISTRY.pids.add(proc.pid)
-                return proc
+            if not inherited:
+                _prefer_for_oom(proc.pid)
+            return proc
         except OSError as exc:
             if exc.errno != errno.EAGAIN or time.monotonic() + delay >= deadline:
                 raise
@@ -285,7 +342,6 @@ def run_command(
                       cwd=cwd or None, env=full_env)
     except OSError as exc:
         return _spawn_error(argv, exc, t0)
-    _prefer_for_oom(proc.pid)
     try:
         return _supervise(proc, stdin, timeout, limit, cancel_fd, on_output, oom_before, t0)
     except BaseException:
@@ -1013,7 +1069,6 @@ def run_live(conn: socket.socket, h: Dict[str, Any]) -> None:
     with REGISTRY.lock:
         live = Live(proc)
         LIVE[live.id] = live
-    _prefer_for_oom(proc.pid)
     try:
         send_frame(conn, live.started())
     except OSError:  # the client went away already: the process runs on without one
@@ -1525,6 +1580,7 @@ def serve(
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     if supervised:
         _prefer_for_oom(os.getpid(), 100)  # an OOM kill takes this execd (init starts another), not init
+    FORK_SCORE.probe()  # before _not_dumpable: see _ForkScore
 
     _not_dumpable()
     if args.egress_port and args.egress_socket:
