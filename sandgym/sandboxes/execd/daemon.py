@@ -214,7 +214,7 @@ class _ForkScore:
     def lower(self) -> None:
         try:
             os.pwrite(self.fd, self.own, 0)
-        except OSError:  # refused after all: later commands get their score written
+        except OSError:  # refused after all (the probe lowered it): execd keeps 500, later commands get theirs written
             os.close(self.fd)
             self.fd = -1
 
