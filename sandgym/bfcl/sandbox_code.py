@@ -10,7 +10,8 @@ Three pieces, each calling BFCL's own code:
   BFCL's evaluation runner takes seconds). It runs `_evaluate_single_ast_entry` and
   `_evaluate_single_relevance_entry` of `bfcl_eval.eval_checker.eval_runner` with BFCL's
   handler for the model name: the code path of `bfcl evaluate`, entry by entry. Nothing of
-  the model's output is executed there (AST checking compares values).
+  the model's output is executed there (AST checking compares values). For the default model
+  the vendor SDKs its handler never calls get stand-ins instead of imports (SKIPPED_SDKS).
 - The multi-turn checker: one fresh process per rollout (`python3 -I`), in a clean pooled
   sandbox, since BFCL's checker runs the model's calls again with `eval`. It calls BFCL's
   `multi_turn_checker` after decoding the result as `_evaluate_single_multi_turn_entry`
@@ -72,6 +73,58 @@ def backend_call(calls: list[str]) -> str:
 
 # ---- single-turn scorer (cells of a shared REPL) ---------------------------------------
 
+# Vendor SDKs that BFCL's runner imports (constants.model_config imports every model's handler)
+# and that the handler of data.BFCL_MODEL (OpenAI's) never calls: 4.5 s of the runner's 8 s of
+# imports in sandgym/bfcl (bfcl-eval 2026.3.23, `python3 -X importtime`; anthropic alone 2.3 s).
+# The scorer of that model puts stand-ins in their place; a stand-in fails when called, so a
+# handler that did need one fails loudly instead of scoring.
+SKIPPED_SDKS = ("anthropic", "boto3", "botocore", "cohere", "dashscope", "datamodel_code_generator", "google.genai",
+                "mistralai", "qwen_agent", "writerai")
+
+STAND_INS = """
+import importlib.abc as _sg_abc, importlib.machinery as _sg_machinery, sys as _sg_sys, types as _sg_types
+
+class _SgStandInType(type):
+    # Any attribute is another stand-in (`from anthropic.types import TextBlock`, a class body
+    # naming one); calling one says what is missing.
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _sg_stand_in(cls.__qualname__ + "." + name)
+
+    def __call__(cls, *args, **kwargs):
+        raise ImportError(cls.__qualname__ + " is not imported by sandgym's BFCL scorer (its model's handler does not use it)")
+
+    def __getitem__(cls, item):
+        return cls
+
+def _sg_stand_in(qualname):
+    return _SgStandInType(qualname.rsplit(".", 1)[-1], (), {"__qualname__": qualname})
+
+class _SgStandInModule(_sg_types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _sg_stand_in(self.__name__ + "." + name)
+
+class _SgStandIns(_sg_abc.MetaPathFinder, _sg_abc.Loader):
+    def __init__(self, names):
+        self.names = names
+
+    def find_spec(self, fullname, path, target=None):
+        if any(fullname == n or fullname.startswith(n + ".") for n in self.names):
+            return _sg_machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return _SgStandInModule(spec.name)
+
+    def exec_module(self, module):
+        module.__path__ = []
+
+_sg_sys.meta_path.insert(0, _SgStandIns(__SKIPPED__))
+"""
+
 SCORER_SETUP = """
 import json as _sg_json, os as _sg_os
 # BFCL's handlers make an API client when built; scoring never calls it.
@@ -108,8 +161,10 @@ print(__MARK__ + _sg_json.dumps({"bfcl_version": _sg_version("bfcl-eval")}))
 """
 
 
-def scorer_setup() -> str:
-    return SCORER_SETUP.replace("__MARK__", repr(MARK))
+def scorer_setup(skipped: tuple[str, ...] = ()) -> str:
+    """The scorer's set-up cell; `skipped`: SDKs (of SKIPPED_SDKS) given stand-ins first."""
+    stand_ins = STAND_INS.replace("__SKIPPED__", repr(tuple(skipped))) if skipped else ""
+    return stand_ins + SCORER_SETUP.replace("__MARK__", repr(MARK))
 
 
 def scorer_call(request: dict[str, Any]) -> str:

@@ -12,9 +12,9 @@ from sandgym.core.sandbox_env import checked_exec
 from sandgym.core.sandbox_repl import ReplReply, ReplService
 
 from . import sandbox_code
-from .data import BFCL_VERSION, Entry
+from .data import BFCL_MODEL, BFCL_VERSION, Entry
 
-SCORER_SETUP_TIMEOUT_S = 300.0  # BFCL's runner imports every vendor SDK: slow on a busy host
+SCORER_SETUP_TIMEOUT_S = 300.0  # BFCL's runner imports vendor SDKs: slow on a busy host
 SCORE_TIMEOUT_S = 60.0
 CHECK_TIMEOUT_S = 300.0
 
@@ -41,9 +41,11 @@ class SingleTurnScorer:
     """The shared single-turn scorer of a session: BFCL's runner imported once in a
     sandgym/bfcl sandbox, then one cell per result (nothing of the result is executed)."""
 
-    def __init__(self, manager: Any, spec: Any, task_group: TaskGroup) -> None:
+    def __init__(self, manager: Any, spec: Any, task_group: TaskGroup, model: str = BFCL_MODEL) -> None:
+        # The default model's handler is OpenAI's: the other vendors' SDKs are not imported.
+        setup = sandbox_code.scorer_setup(sandbox_code.SKIPPED_SDKS if model == BFCL_MODEL else ())
         self.service = ReplService(
-            manager, spec, task_group, setup_code=sandbox_code.scorer_setup(), setup_timeout=SCORER_SETUP_TIMEOUT_S,
+            manager, spec, task_group, setup_code=setup, setup_timeout=SCORER_SETUP_TIMEOUT_S,
             check_setup=self._check_setup, name="bfclscore",
         )  # fmt: skip
 

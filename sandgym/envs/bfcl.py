@@ -151,7 +151,7 @@ class BFCLSingleTurnEnv(_BFCLMixin, SingleTurnEnv):
         if manager is None:
             max_sandboxes = 1  # rollouts themselves need no sandbox (and none is warmed)
         async with super().sandbox_session(provider, max_sandboxes=max_sandboxes, warm=0, manager=manager) as mgr:
-            async with session_service(lambda tg: SingleTurnScorer(mgr, self.sandbox_spec, tg)) as self.scorer:
+            async with session_service(lambda tg: SingleTurnScorer(mgr, self.sandbox_spec, tg, self.bfcl_model)) as self.scorer:
                 try:
                     yield mgr
                 finally:
@@ -336,7 +336,7 @@ def load_environment(
 
     rubric = Rubric()  # reward: BFCL's verdict (the env's bfcl_valid), added below
     if kind == "single_turn":
-        # The scorer imports BFCL's runner (every vendor SDK): give it room.
+        # The scorer imports BFCL's runner (vendor SDKs: seconds): give it room.
         spec = sandbox_spec or SandboxSpec(image=data.BFCL_IMAGE, cpu=1.0, memory_mb=1024, disk_mb=64, exec_timeout_s=300)
         env: BFCLSingleTurnEnv | BFCLMultiTurnEnv = BFCLSingleTurnEnv(
             eval_dataset=rows, rubric=rubric, sandbox_spec=spec, entries=entries, bfcl_model=model,

@@ -134,3 +134,32 @@ async def test_sandgym_and_bfcl_evaluate_agree_per_category(tmp_path: Path) -> N
     # The policy is neither always right nor always wrong, so agreeing means something.
     accs = [r["sandgym"] for r in rows]
     assert any(0.0 < a < 1.0 for a in accs) and max(accs) > 0.0
+
+
+async def test_the_scorer_skips_only_sdks_its_models_handler_does_not_use() -> None:
+    """The default model's scorer gives the other vendors' SDKs stand-ins (seconds of imports
+    saved); a handler that needs one fails loudly there, and a scorer for any other model
+    imports everything as BFCL does."""
+    require("docker")
+    from sandgym.bfcl import sandbox_code
+    from sandgym.bfcl.scoring import SingleTurnScorer
+    from sandgym.core.sandbox_repl import session_service
+    from sandgym.sandboxes import SandboxManager, SandboxSpec
+
+    spec = SandboxSpec(image=data.BFCL_IMAGE, memory_mb=1024, disk_mb=64)
+    probe = (
+        "import sys\n"
+        "print('SKIPPED', sorted(n for n in sys.modules if type(sys.modules[n]).__name__ == '_SgStandInModule'))\n"
+        "try:\n    _sg_runner.get_handler('claude-opus-4-5-20251101')\nexcept ImportError as e:\n    print('CLAUDE', e)\n"
+    )
+    async with SandboxManager("docker", max_sandboxes=1) as mgr:
+        async with session_service(lambda tg: SingleTurnScorer(mgr, spec, tg)) as scorer:
+            reply = await scorer.service.run(probe, timeout=120)
+    assert reply.ok, reply
+    skipped = reply.stdout.split("SKIPPED ", 1)[1].splitlines()[0]
+    assert "'anthropic'" in skipped and "'openai'" not in skipped, skipped
+    assert "CLAUDE anthropic.Anthropic is not imported by sandgym's BFCL scorer" in reply.stdout, reply.stdout
+    # Another model's handler may need any SDK: nothing is skipped for it.
+    assert "_SgStandIns" not in sandbox_code.scorer_setup() and "_SgStandIns" in sandbox_code.scorer_setup(("anthropic",))
+    other = SingleTurnScorer(mgr, spec, None, model="claude-opus-4-5-20251101")  # type: ignore[arg-type]
+    assert "_SgStandIns" not in other.service.setup_code
