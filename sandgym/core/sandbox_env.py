@@ -20,7 +20,7 @@ from sandgym.sandboxes.result import ExecResult
 from sandgym.sandboxes.spec import SandboxSpec
 
 from .decorators import cleanup
-from .repl_script import repl_argv
+from .repl_script import client_argv, repl_argv
 from .state import State
 from .tools import StatefulToolEnv
 
@@ -232,8 +232,7 @@ class PythonEnv(SandboxEnv):
             self._start_repl(state)
             info = state.scratch["repl"]
         t = self.command_timeout_s
-        argv = repl_argv("client", str(t), info["name"])
-        result = await checked_exec(sandbox, argv, timeout=t + 30, stdin=code)
+        result = await checked_exec(sandbox, client_argv(t, info["name"]), timeout=t + 30, stdin=code)
         try:
             reply = json.loads(result.stdout.strip().splitlines()[-1])
         except (json.JSONDecodeError, IndexError):

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
-from .repl_script import repl_argv
+from .repl_script import client_argv, repl_argv
 from .sandbox_env import checked_exec
 
 
@@ -78,7 +78,7 @@ class SandboxRepl:
         if not self.running:
             await self.stop()
             self.start()
-        argv = repl_argv("client", str(timeout), f"{self.name}{self.generation}")
+        argv = client_argv(timeout, f"{self.name}{self.generation}")
         result = await checked_exec(self.sandbox, argv, timeout=timeout + 30, stdin=code)
         try:
             reply = json.loads(result.stdout.strip().splitlines()[-1])
