@@ -50,7 +50,6 @@ def client(sock, timeout):
     import _socket
 
     body = sys.stdin.buffer.read()
-
     deadline = time.time() + 20  # the server may still be starting
     while True:
         conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
@@ -80,8 +79,9 @@ def client(sock, timeout):
 '''
 
 
-REPL_SOURCE = r'''
-import ast, contextlib, io, json, os, socket, struct, sys, time, traceback
+# The server: the client's framing helpers, then its own.
+REPL_SOURCE = CLIENT_SOURCE + r'''
+import ast, contextlib, io, json, socket, struct, traceback
 
 DIR = ".sgrepl"  # under the working directory (every exec starts there)
 SOCK = os.path.join(DIR, "sock")  # replaced by the instance name given on the command line
@@ -90,16 +90,6 @@ SOCK = os.path.join(DIR, "sock")  # replaced by the instance name given on the c
 def send(conn, obj):
     data = json.dumps(obj).encode()
     conn.sendall(struct.pack(">I", len(data)) + data)
-
-
-def recvn(conn, n):
-    buf = b""
-    while len(buf) < n:
-        chunk = conn.recv(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return buf
 
 
 def recv(conn):
