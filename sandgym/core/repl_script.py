@@ -22,12 +22,18 @@ def client_argv(timeout: float, instance: str) -> list[str]:
     reply line. An interpreter without site (-I -S) that imports nothing more but `_socket`:
     a cell's cost is mostly the client's start (p50 per cell, strict: 75-77 ms when the client
     was the server's script with its imports, 28-31 ms now; vm 204-228 -> 89-111 ms)."""
-    sock = f".sgrepl/{instance}.sock"
-    return ["python3", "-I", "-S", "-c", f"{CLIENT_SOURCE}\nclient({sock!r}, {float(timeout)!r})\n"]
+    return ["python3", "-I", "-S", "-c", f"{CLIENT_SOURCE}\nclient({instance!r}, {float(timeout)!r})\n"]
 
 
 CLIENT_SOURCE = r'''
 import os, sys, time
+
+DIR = ".sgrepl"  # under the working directory (every exec starts there)
+
+
+def sock_path(instance):
+    # Each server instance has its own socket, so a client never reaches one being killed.
+    return os.path.join(DIR, instance + ".sock")
 
 
 def reply(status, stderr=""):
@@ -46,7 +52,7 @@ def recvn(conn, n):
     return buf
 
 
-def client(sock, timeout):
+def client(instance, timeout):
     import _socket
 
     body = sys.stdin.buffer.read()
@@ -54,7 +60,7 @@ def client(sock, timeout):
     while True:
         conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
-            conn.connect(sock)
+            conn.connect(sock_path(instance))
             break
         except OSError as exc:
             conn.close()
@@ -79,17 +85,14 @@ def client(sock, timeout):
 '''
 
 
-# The server: the client's framing helpers, then its own.
+# The server: the client's helpers (socket path, framing), then its own.
 REPL_SOURCE = CLIENT_SOURCE + r'''
-import ast, contextlib, io, json, socket, struct, traceback
-
-DIR = ".sgrepl"  # under the working directory (every exec starts there)
-SOCK = os.path.join(DIR, "sock")  # replaced by the instance name given on the command line
+import ast, contextlib, io, json, socket, traceback
 
 
 def send(conn, obj):
     data = json.dumps(obj).encode()
-    conn.sendall(struct.pack(">I", len(data)) + data)
+    conn.sendall(len(data).to_bytes(4, "big") + data)
 
 
 def recv(conn):
@@ -97,7 +100,7 @@ def recv(conn):
     head = recvn(conn, 4)
     if head is None:
         return None
-    body = recvn(conn, struct.unpack(">I", head)[0])
+    body = recvn(conn, int.from_bytes(head, "big"))
     return None if body is None else body.decode("utf-8", "surrogatepass")
 
 
@@ -113,12 +116,13 @@ def run_cell(code, ns):
             print(repr(value))
 
 
-def serve():
+def serve(instance):
+    sock = sock_path(instance)
     os.makedirs(DIR, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(SOCK)
+        os.unlink(sock)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(SOCK)  # relative: unix socket paths are short
+    srv.bind(sock)  # relative: unix socket paths are short
     srv.listen(16)
     ns = {"__name__": "__main__", "__builtins__": __builtins__}
     while True:
@@ -146,8 +150,5 @@ def serve():
 
 
 if __name__ == "__main__":
-    # Each server instance gets its own socket name, so a client never reaches a server that
-    # is being killed.
-    SOCK = os.path.join(DIR, sys.argv[2] + ".sock")
-    serve()
+    serve(sys.argv[2])
 '''
