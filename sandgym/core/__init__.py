@@ -2,7 +2,7 @@
 and offline policies. Ready environments built on these are in `sandgym.envs`.
 
 Names follow the verifiers library (`environment.py`: Environment, MultiTurnEnv,
-SingleTurnEnv; `tools.py`: ToolEnv; `sandbox_env.py`: SandboxEnv, PythonEnv; `env_group.py`:
+SingleTurnEnv; `tools.py`: ToolEnv; `sandbox_env.py`: SandboxEnv; `python_env.py`: PythonEnv; `env_group.py`:
 EnvGroup):
 
     from sandgym.core import SingleTurnEnv, ToolEnv, PythonEnv, Rubric, XMLParser
@@ -17,7 +17,7 @@ _EXPORTS = {
     "State": "state", "Turn": "state", "TurnTokens": "state", "Timing": "state",
     "Environment": "environment", "MultiTurnEnv": "environment", "SingleTurnEnv": "environment",
     "ToolEnv": "tools", "StatefulToolEnv": "tools", "tool_schema": "tools", "tool_call": "tools",
-    "SandboxEnv": "sandbox_env", "PythonEnv": "sandbox_env",
+    "SandboxEnv": "sandbox_env", "PythonEnv": "python_env",
     "EnvGroup": "env_group",
     "Rubric": "rubric", "GraderRubric": "rubric",
     "Parser": "parsers", "ThinkParser": "parsers", "XMLParser": "parsers", "CodeBlockParser": "parsers", "BoxedParser": "parsers",

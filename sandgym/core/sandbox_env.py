@@ -1,4 +1,5 @@
-"""SandboxEnv (a `bash` tool in a sandbox) and PythonEnv (a persistent Python REPL in it).
+"""SandboxEnv: a `bash` tool in the rollout's own sandbox (PythonEnv, a persistent Python REPL
+in it, is in python_env.py).
 
 One sandbox per rollout, from the bound SandboxManager, acquired at the first tool call (or
 in `setup_state` with lazy_sandbox=False) and always released by a `@cleanup` method after
@@ -6,21 +7,17 @@ scoring (so reward functions can still use it)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
 from collections.abc import Awaitable
 from typing import Any
 
-import anyio
-
 from sandgym.sandboxes.errors import SandboxError, SandboxGoneError
 from sandgym.sandboxes.result import ExecResult
 from sandgym.sandboxes.spec import SandboxSpec
 
 from .decorators import cleanup
-from .repl_script import client_argv, repl_argv
 from .state import State
 from .tools import StatefulToolEnv
 
@@ -155,101 +152,3 @@ class SandboxEnv(StatefulToolEnv):
         """
         result = await checked_exec(sandbox, command, timeout=self.command_timeout_s)
         return format_exec(result, timeout=self.command_timeout_s)
-
-
-class PythonEnv(SandboxEnv):
-    """A `python` tool: a persistent REPL in the rollout's sandbox (variables survive between
-    calls; a crash or timeout is reported and the REPL restarted). `bash` is kept when
-    `with_bash` is set.
-
-    The REPL server runs as one long exec held by a task group that spans the rollout's
-    turns; each tool call is a short client exec talking to it over a unix socket."""
-
-    def __init__(self, *args: Any, with_bash: bool = False, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if not with_bash:
-            self.tools.pop("bash", None)
-            self.skipped_args.pop("bash", None)
-            self.tool_schemas = [s for s in self.tool_schemas if s["function"]["name"] != "bash"]
-        self.add_tool(self.python, args_to_skip=["sandbox", "state"])
-
-    def update_tool_args(self, tool_name: str, tool_args: dict[str, Any], messages: list[Any], state: State) -> dict[str, Any]:
-        tool_args = super().update_tool_args(tool_name, tool_args, messages, state)
-        if tool_name == "python":
-            tool_args["state"] = state
-        return tool_args
-
-    async def run_turns(self, client: Any, model: str, state: State, sampling_args: Any) -> None:
-        async with anyio.create_task_group() as tg:
-            state.scratch["repl_tg"] = tg
-            try:
-                await super().run_turns(client, model, state, sampling_args)
-            finally:
-                tg.cancel_scope.cancel()  # ends the REPL server's exec (and the server)
-                state.scratch.pop("repl_tg", None)
-                state.scratch.pop("repl", None)
-
-    def _start_repl(self, state: State) -> None:
-        sb = state.scratch["sandbox"]
-        scope = anyio.CancelScope()
-        done = anyio.Event()
-        n = state.scratch["repl_count"] = state.scratch.get("repl_count", 0) + 1
-        info: dict[str, Any] = {"scope": scope, "done": done, "result": None, "name": f"repl{n}"}
-
-        async def serve() -> None:
-            try:
-                with scope:
-                    info["result"] = await sb.exec(repl_argv("serve", info["name"]), timeout=7 * 24 * 3600.0)
-            except Exception as exc:  # the sandbox died: the next client call will say so
-                info["result"] = exc
-            finally:
-                done.set()
-
-        state.scratch["repl_tg"].start_soon(serve)
-        state.scratch["repl"] = info
-
-    async def _stop_repl(self, state: State) -> None:
-        info = state.scratch.pop("repl", None)
-        if info is not None:
-            info["scope"].cancel()
-            with anyio.move_on_after(30):
-                await info["done"].wait()
-
-    async def python(self, code: str, sandbox: Any, state: State) -> str:
-        """Run Python code in a persistent interpreter; variables, functions and imports stay
-        defined between calls. The value of a final expression is printed.
-
-        Args:
-            code: Python source to execute.
-        """
-        notes = []
-        info = state.scratch.get("repl")
-        if info is not None and info["done"].is_set():
-            notes.append("[the Python REPL had stopped and was restarted: earlier variables are gone]")
-            await self._stop_repl(state)
-            info = None
-        if info is None:
-            self._start_repl(state)
-            info = state.scratch["repl"]
-        t = self.command_timeout_s
-        result = await checked_exec(sandbox, client_argv(t, info["name"]), timeout=t + 30, stdin=code)
-        try:
-            reply = json.loads(result.stdout.strip().splitlines()[-1])
-        except (json.JSONDecodeError, IndexError):
-            await self._stop_repl(state)
-            return "Error: the Python tool failed:\n" + format_exec(result, timeout=t)
-        parts = notes
-        if reply.get("stdout"):
-            parts.append(reply["stdout"].rstrip("\n"))
-        if reply.get("stderr"):
-            parts.append(reply["stderr"].rstrip("\n"))
-        status = reply.get("status")
-        if status != "ok":
-            await self._stop_repl(state)  # the next call starts a fresh REPL
-        if status == "timeout":
-            parts.append(f"TimeoutError: execution exceeded {t:g}s; the REPL was restarted and its variables are lost.")
-        elif status == "crashed":
-            parts.append("Error: the Python REPL crashed; it was restarted and its variables are lost.")
-        elif status == "unavailable":
-            parts.append("Error: the Python REPL could not be started; it will be retried on the next call.")
-        return "\n".join(parts) or "(no output)"

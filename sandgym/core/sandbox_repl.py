@@ -1,9 +1,9 @@
 """SandboxRepl: one persistent Python process in a sandbox, driven cell by cell.
 
-The same server as PythonEnv's `python` tool (repl_script: a long `exec` serving a unix
-socket, short client execs sending cells), for environments that keep state in a sandbox
-process across calls (BFCL's stateful backends) or that pay a slow import once and then
-answer many requests (a scorer). The server's exec lives in a task group the caller owns
+The server is repl_script's (a long `exec` serving a unix socket, short client execs sending
+cells). PythonEnv's `python` tool runs one per rollout; environments keep state in one across
+calls (BFCL's stateful backends), or pay a slow import once and then answer many requests
+(a scorer). The server's exec lives in a task group the caller owns
 (one that spans the rollout or the session); `stop()` or cancelling that group ends it.
 """
 
@@ -18,6 +18,8 @@ from typing import Any, Protocol, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
+from sandgym.sandboxes.result import ExecResult
+
 from .repl_script import client_argv, repl_argv
 from .sandbox_env import checked_exec
 
@@ -27,6 +29,10 @@ class ReplReply:
     status: str  # ok | timeout | crashed | unavailable | failed
     stdout: str = ""
     stderr: str = ""
+    # The client's exec, for saying why a "failed" reply has no reply line.
+    result: ExecResult | None = None
+    # The server had exited on its own since the last cell: this one ran in a fresh one.
+    restarted: bool = False
 
     @property
     def ok(self) -> bool:
@@ -75,6 +81,7 @@ class SandboxRepl:
     async def run(self, code: str, *, timeout: float) -> ReplReply:
         """Run one cell; starts the server when none runs. On anything but "ok" the server is
         stopped (its state is gone) and the next call starts a fresh one."""
+        restarted = self._done is not None and self._done.is_set()  # not stopped by us
         if not self.running:
             await self.stop()
             self.start()
@@ -82,9 +89,9 @@ class SandboxRepl:
         result = await checked_exec(self.sandbox, argv, timeout=timeout + 30, stdin=code)
         try:
             reply = json.loads(result.stdout.strip().splitlines()[-1])
-            out = ReplReply(str(reply.get("status")), reply.get("stdout") or "", reply.get("stderr") or "")
+            out = ReplReply(str(reply.get("status")), reply.get("stdout") or "", reply.get("stderr") or "", result, restarted)
         except (json.JSONDecodeError, IndexError, AttributeError):
-            out = ReplReply("failed", result.stdout[-2000:], result.stderr[-2000:])
+            out = ReplReply("failed", result.stdout[-2000:], result.stderr[-2000:], result, restarted)
         if not out.ok:
             await self.stop()
         return out

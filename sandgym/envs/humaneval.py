@@ -35,8 +35,9 @@ from typing import Any
 from sandgym.core.environment import SingleTurnEnv
 from sandgym.core.failures import ScoringTimeout
 from sandgym.core.parsers import CodeBlockParser
+from sandgym.core.python_env import PythonEnv
 from sandgym.core.rubric import Rubric
-from sandgym.core.sandbox_env import PythonEnv, checked
+from sandgym.core.sandbox_env import checked
 from sandgym.core.state import Message, State
 from sandgym.core.tools import tool_call
 from sandgym.sandboxes.base import ExecJob, python_argv

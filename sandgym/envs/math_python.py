@@ -27,8 +27,8 @@ from typing import Any
 from sandgym.core.failures import ScoringTimeout
 from sandgym.core.marked import marked_json
 from sandgym.core.parsers import BoxedParser
+from sandgym.core.python_env import PythonEnv
 from sandgym.core.rubric import Rubric
-from sandgym.core.sandbox_env import PythonEnv
 from sandgym.core.sandbox_repl import ReplReply, ReplService, session_service
 from sandgym.core.state import Message, State
 from sandgym.core.tools import tool_call

@@ -9,7 +9,8 @@ import anyio
 import pytest
 
 from sandgym.core.clients import OpenAIClient
-from sandgym.core.sandbox_env import PythonEnv, SandboxEnv
+from sandgym.core.python_env import PythonEnv
+from sandgym.core.sandbox_env import SandboxEnv
 from sandgym.core.testing import MockOpenAIServer, Reply, last_user
 from sandgym.sandboxes.manager import SandboxManager
 from sandgym.sandboxes.spec import SandboxSpec
@@ -46,6 +47,8 @@ async def test_python_env_persists_variables_and_restarts_after_crash_and_timeou
         py("x"),  # fresh REPL: x is gone
         py("import time\ntime.sleep(60)"),  # past the timeout
         py("y = 5\ny * 2"),
+        py("import os, threading\nthreading.Timer(0.2, os._exit, (0,)).start()"),  # dies after the cell
+        Reply(tool_calls=[{"name": "python", "arguments": {"code": "y"}}], delay_s=1.5),
         Reply(content="done"),
     ]
     with MockOpenAIServer(script) as srv:
@@ -63,6 +66,9 @@ async def test_python_env_persists_variables_and_restarts_after_crash_and_timeou
     assert "NameError: name 'x' is not defined" in out[4]
     assert out[5].startswith("TimeoutError: execution exceeded 3s")
     assert out[6] == "10"
+    assert out[7] == "(no output)"
+    assert out[8].startswith("[the Python REPL had stopped and was restarted: earlier variables are gone]\n")
+    assert "NameError: name 'y' is not defined" in out[8]
     assert manager.live == 0  # released after the rollout
     assert [s["function"]["name"] for s in env.tool_schemas] == ["python"]
     assert "sandbox" not in env.tool_schemas[0]["function"]["parameters"]["properties"]
