@@ -8,6 +8,7 @@ stderr and exits 2; a bug keeps its traceback and exits 1. `-v` shows tracebacks
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -47,6 +48,12 @@ _register()
 
 
 def main(args: Sequence[str] | None = None) -> None:
+    # Before torch loads (train, sft, eval --checkpoint): torch's OpenMP threads sleep at a
+    # barrier instead of spinning, where a spinning thread burns the core that its
+    # descheduled peer needs on a busy machine. `sandgym sft` of 60 steps beside two busy
+    # loops: 30-53 s and 22-43 CPU-s by default, 30-40 s and 19-26 CPU-s passive; idle,
+    # 16-23 s either way (benchmarks/RESULTS.md). A user's own setting wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         # standalone_mode=False: click's own errors come here instead of being printed as a
         # rich panel, so every user error is reported the same way.
