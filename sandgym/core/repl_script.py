@@ -2,9 +2,9 @@
 
 One file, two roles. `repl.py serve` is the long-lived server on a unix socket (a relative
 path under the sandbox's working directory, so it works with network none). It runs as one
-long `exec` that SandboxRepl holds open (PythonEnv's: for the rollout): that works on every provider, even
-where an exec's stray background processes die with it (the local provider's pid
-namespaces). A cell goes to it through a short client (`client_argv`, the cell on its
+long `exec` that SandboxRepl holds open (PythonEnv's, for the rollout): that works on every
+provider, even where an exec's stray background processes die with it (the local
+provider's pid namespaces). A cell goes to it through a short client (`client_argv`, the cell on its
 stdin) that prints the server's one JSON line: {"status": "ok"|"timeout"|
 "crashed"|"unavailable", "stdout", "stderr"}. On anything but "ok" SandboxRepl cancels the
 server's exec (which kills it) and starts a fresh one.

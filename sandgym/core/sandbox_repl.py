@@ -3,8 +3,8 @@
 The server is repl_script's (a long `exec` serving a unix socket, short client execs sending
 cells). PythonEnv's `python` tool runs one per rollout; environments keep state in one across
 calls (BFCL's stateful backends), or pay a slow import once and then answer many requests
-(a scorer). The server's exec lives in a task group the caller owns
-(one that spans the rollout or the session); `stop()` or cancelling that group ends it.
+(a scorer). The server's exec lives in a task group the caller owns (one that spans the
+rollout or the session); `stop()` or cancelling that group ends it.
 """
 
 from __future__ import annotations
