@@ -13,6 +13,7 @@ CI too. `lacking(why)` is the same rule for a mechanism a test finds missing its
 from __future__ import annotations
 
 import functools
+import gc
 import importlib.util
 import os
 import shutil
@@ -24,10 +25,15 @@ from typing import Any, NoReturn
 
 import pytest
 
+from sandgym.cli import GC_THRESHOLDS
 from sandgym.sandboxes import SandboxSpec
 from sandgym.sandboxes.spec import EgressPolicy, host_cpus
 
 CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+# The test processes collect garbage as the CLI's do (sandgym/cli/__init__.py): each worker
+# runs for many minutes over one large heap.
+gc.set_threshold(*GC_THRESHOLDS)
 
 # Each xdist worker is one of several busy processes on this machine's cores. torch's OpenMP
 # pool sized to every core makes them fight: at each barrier a thread waits for a peer that
